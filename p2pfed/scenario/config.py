@@ -15,6 +15,7 @@ from p2pfed.learn.models import MODELS
 from p2pfed.learn.partition import PARTITIONS
 
 ACTIONS = ("join", "leave", "crash", "slow")
+CLUSTERED = {"ifca", "fesem", "ifca-cam", "fesem-cam", "feddsmic", "fedds"}  # methods with K cluster models
 
 
 @dataclass
@@ -166,6 +167,11 @@ class Scenario:
              "central.indicator_per_class must be >= 1 and maml_inner_lr > 0"),
             (c.proto_lambda >= 0 and c.fomo_m >= 1 and 0 <= c.fomo_epsilon <= 1,
              "central.proto_lambda must be >= 0, fomo_m >= 1, fomo_epsilon in [0, 1]"),
+            ("ifca-cam" not in self.methods or c.cam_warmup < self.rounds,
+             f"central.cam_warmup ({c.cam_warmup}) must be below scenario.rounds ({self.rounds}): IFCA-CAM's "
+             "warm-up rounds would leave none for the cluster models"),
+            (not set(self.methods) & CLUSTERED or (c.k or self.data.clusters) <= self.nodes,
+             f"central.k (or data.clusters when k = 0) must not exceed scenario.nodes ({self.nodes})"),
         ]
         for ok, message in checks:
             if not ok:

@@ -1,0 +1,48 @@
+"""Every scenario file we ship loads, validates, and gives every node data to train and test on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from p2pfed.learn.partition import make_partition
+from p2pfed.scenario.config import load_scenario
+
+SCENARIOS = sorted((Path(__file__).parents[2] / "scenarios").glob("*.toml"))
+SIZES = {"digits": (1347, 450), "fmnist": (60000, 10000), "cifar10": (50000, 10000)}  # train, test
+
+
+def test_the_scenarios_folder_is_found() -> None:
+    assert len(SCENARIOS) >= 10
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_shipped_scenario_partitions_give_every_node_data(path: Path) -> None:
+    s = load_scenario(path)
+    n_train, n_test = SIZES[s.data.dataset]
+    # Balanced labels of the dataset's size stand in for the real ones (the partitions only read labels).
+    y_train, y_test = np.arange(n_train) % 10, np.arange(n_test) % 10
+    d = s.data
+    part = make_partition(d.partition, y_train, y_test, s.nodes, s.seed, clusters=d.clusters, alpha=d.alpha,
+                          val_fraction=d.val_fraction, extra_labels=d.extra_labels, extra_prob=d.extra_prob,
+                          alpha_between=d.alpha_between, alpha_within=d.alpha_within, k_cluster=d.k_cluster,
+                          k_client=d.k_client, dominant_classes=d.dominant_classes,
+                          dominant_share=d.dominant_share, missing_classes=d.missing_classes)
+    assert len(part.shards) == s.nodes
+    empty = [i for i, sh in enumerate(part.shards) if len(sh.train) == 0 or len(sh.test) == 0]
+    assert not empty, f"{path.name}: nodes {empty} get no training or test data"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("methods = ['ifca-cam']\n[central]\ncam_warmup = 5\n", "cam_warmup (5) must be below scenario.rounds (5)"),
+    ("methods = ['fesem']\n[data]\nclusters = 9\n", "must not exceed scenario.nodes (4)"),
+])
+def test_settings_that_cannot_work_are_refused_with_the_key(tmp_path: Path, extra: str, message: str) -> None:
+    from p2pfed.config import ConfigError
+
+    path = tmp_path / "s.toml"
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n" + extra)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_scenario(path)
