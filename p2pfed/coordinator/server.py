@@ -34,6 +34,7 @@ from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT
 from p2pfed.net.transport import DeliveryError
+from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError
 
@@ -215,10 +216,7 @@ class Coordinator:
         return sorted(counts.values(), reverse=True)
 
     def record(self, event: str, **fields: Any) -> None:
-        line = {"event": event, "node": "coordinator", "method": self.method_name, "round": self.round,
-                "time": time.time(), **fields}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_record(self.metrics_path, event, "coordinator", self.method_name, self.round, **fields)
 
     # -- crash safety ----------------------------------------------------------------------------
     def checkpoint(self, rnd: int) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import logging
 import math
 import time
@@ -39,6 +38,7 @@ from p2pfed.methods.central import ClientMethod, Task, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Change
 from p2pfed.node.local_data import local_data
+from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError
 
@@ -273,10 +273,7 @@ class CentralNode:
             pass
 
     def record(self, event: str, **fields: Any) -> None:
-        line = {"event": event, "node": self.name, "method": self.method_name, "round": self.round,
-                "time": time.time(), **fields}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)
 
     def checkpoint(self) -> None:
         """The node's own model and round, atomically (the local-only model lives only here)."""

@@ -29,6 +29,7 @@ from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, JOINING, SUSPECT, Change
 from p2pfed.net.transport import DeliveryError
 from p2pfed.node.local_data import local_data
+from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError, check_tensors
 
@@ -175,10 +176,7 @@ class LearningNode:
         await asyncio.gather(*(one(p) for p in (to if to is not None else self.live_peers())))
 
     def record(self, event: str, **fields: Any) -> None:
-        line = {"event": event, "node": self.name, "method": self.method_name, "round": self.round,
-                "time": time.time(), **fields}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)
 
     # -- handlers (every received message is validated before it is used) ------------------------
     async def _on_model(self, msg: Message) -> Message | None:

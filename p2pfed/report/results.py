@@ -22,20 +22,9 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 from tabulate import tabulate
 
 from p2pfed.influence.selection import mutual_clusters
+from p2pfed.report.records import read_records
 
 CLUSTERING_METHODS = {"pfedlia-p2p"}
-
-
-def read_records(method_dir: Path) -> list[dict[str, Any]]:
-    """Every JSONL record of a method's nodes (a torn last line of a crashed node is skipped)."""
-    records = []
-    for path in sorted(method_dir.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
 
 
 def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, Any]:

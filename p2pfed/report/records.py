@@ -1,0 +1,31 @@
+"""The metrics files of a run folder: one JSON object per line, one file per member (``<name>.jsonl``).
+
+Writing opens, appends and closes per record: a record is on disk as soon as it is written (a member that
+crashes loses nothing recorded), and records come a few per round, so the open costs nothing that shows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def append_record(path: Path, event: str, node: str, method: str | None, rnd: int, **fields: Any) -> None:
+    """Append one record (event, node, method, round, time, then the fields) to a member's metrics file."""
+    line = {"event": event, "node": node, "method": method, "round": rnd, "time": time.time(), **fields}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def read_records(method_dir: Path) -> list[dict[str, Any]]:
+    """Every JSONL record of a method's nodes (a torn last line of a crashed node is skipped)."""
+    records = []
+    for path in sorted(method_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
