@@ -13,9 +13,10 @@ for IFCA-CAM, Eq. 11 for FeSEM-CAM) and the global model as the sample-weighted 
   plain FedAvg give a warm Θ_g first; the K cluster models start from random initialisations.
 - ``fesem-cam``: the server assigns each node the cluster model nearest its last θ_i and recomputes the
   centroids weighted by sample counts (Eq. 11), iterating assignment and centroids until they settle
-  (at most 10 times: "a few times until convergence"). Warm-up: every node trains ``cam_warmup`` local
-  epochs, and k-means (20 restarts, as FeSEM) over those models gives the first clusters; Θ_g starts
-  from the shared initial model. λ is ``central.fesem_lambda``.
+  (at most 10 times: "a few times until convergence"). Distances are over the parameters of the
+  fully-connected layers only, as the paper's experiments measure them (§5); centroids are whole models.
+  Warm-up: every node trains ``cam_warmup`` local epochs, and k-means (20 restarts, as FeSEM) over those
+  models gives the first clusters; Θ_g starts from the shared initial model. λ is ``central.fesem_lambda``.
 
 With partial participation, Eq. 6's n is the sample count of this round's participants (the m clients of
 the paper's equation all take part there), so a cluster model moves toward its participants in
@@ -201,8 +202,15 @@ class FeSEMCAMServer(CAMServer):
     def __init__(self, ctx: Any, options: Any) -> None:
         super().__init__(ctx, options)
         self.local: dict[str, dict[str, torch.Tensor]] = {}
-        self.flat: dict[str, torch.Tensor] = {}
+        self.flat: dict[str, torch.Tensor] = {}  # each θ_i's fully-connected parameters, as one vector
         self.samples: dict[str, int] = {}
+        template = ctx.module(ctx.initial)
+        self.fc_keys = [f"{name}.{p}" for name, m in template.named_modules() if isinstance(m, nn.Linear)
+                        for p, _ in m.named_parameters(recurse=False)]
+
+    def _fc(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The parameters FeSEM-CAM measures distances on (all of them if the model has no linear layer)."""
+        return flatten({k: state[k] for k in self.fc_keys} if self.fc_keys else state)
 
     async def before_round(self, rnd: int, live: list[str]) -> None:
         if self.joint or not live:
@@ -224,7 +232,7 @@ class FeSEMCAMServer(CAMServer):
         """Keep each node's θ_i (and as one vector, for the distances) and its sample count."""
         for n, u in updates.items():
             if u.state is not None:
-                self.local[n], self.flat[n], self.samples[n] = u.state, flatten(u.state), u.samples
+                self.local[n], self.flat[n], self.samples[n] = u.state, self._fc(u.state), u.samples
 
     def _task(self, kind: str, node: str) -> Task:
         task = super()._task(kind, node)
@@ -235,7 +243,7 @@ class FeSEMCAMServer(CAMServer):
     def update_clusters(self, rnd: int, updates: dict[str, Update]) -> None:
         self._store(updates)
         for _ in range(10):  # Eq. 11, iterated until the assignment settles
-            new = nearest_groups(self.flat, {g: flatten(m) for g, m in self.models.items()})
+            new = nearest_groups(self.flat, {g: self._fc(m) for g, m in self.models.items()})
             moved = any(self.groups.get(n) != g for n, g in new.items())
             self.groups.update(new)
             self._centroids()
@@ -257,4 +265,4 @@ class FeSEMCAMServer(CAMServer):
         super().restore(data, models)
         self.samples = {k: int(v) for k, v in data.get("samples", {}).items()}
         self.local = unkeyed("local", models)
-        self.flat = {n: flatten(s) for n, s in self.local.items()}
+        self.flat = {n: self._fc(s) for n, s in self.local.items()}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from p2pfed.methods.central import Task
 from p2pfed.scenario.config import CentralConfig, PFedLIAConfig, load_scenario
@@ -33,6 +34,13 @@ class FakeCoordinator:
 
     def true_cluster_of(self, name: str) -> int:
         return -1
+
+    def module(self, state: dict[str, torch.Tensor]) -> nn.Module:
+        """A module whose state is state (no linear layer: methods that pick layers take all of it)."""
+        m = nn.Module()
+        for k, v in state.items():
+            m.register_parameter(k, nn.Parameter(v.clone()))
+        return m
 
     async def ask(self, nodes: list[str], tasks: dict[str, Task], timeout: float | None = None) -> dict[str, Any]:
         self.asked += [(n, tasks[n].kind) for n in nodes]

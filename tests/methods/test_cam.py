@@ -61,6 +61,25 @@ def test_fesem_cam_warm_up_trains_local_epochs_and_clusters_them() -> None:
     assert task.shared == 1 and task.groups == [groups["a"]] and task.meta["penalty"] == 0.2
 
 
+def test_fesem_cam_measures_distances_on_the_fully_connected_layers_only() -> None:
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2, 2))
+    base = {k: torch.zeros_like(v) for k, v in net.state_dict().items()}
+
+    def model(conv: float, fc: float) -> dict[str, torch.Tensor]:
+        return {k: torch.full_like(v, conv if k.startswith("0.") else fc) for k, v in base.items()}
+
+    # a and b share their head but not their conv layer; c and d likewise: the heads decide.
+    firsts = {"a": model(50, 1), "b": model(-50, 1.1), "c": model(50, -1), "d": model(-50, -1.1)}
+    ctx = FakeCoordinator(lambda n, t: Update(firsts[n], 10, {}))
+    ctx.initial = base
+    ctx.module = lambda state: net  # type: ignore[method-assign]
+    method = FeSEMCAMServer(ctx, CentralConfig(k=2, cam_warmup=1))
+    assert method.fc_keys == ["2.weight", "2.bias"]
+    asyncio.run(method.before_round(0, sorted(firsts)))
+    groups = method.clusters()
+    assert groups["a"] == groups["b"] != groups["c"] == groups["d"]
+
+
 def test_both_cam_methods_learn_over_real_sockets(tmp_path: Path) -> None:
     summary, out = run_small(tmp_path, ["ifca-cam", "fesem-cam"], rounds=8, central="cam_warmup = 2")
     for method in ("ifca-cam", "fesem-cam"):
