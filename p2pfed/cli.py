@@ -149,7 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     return run_scenario_file(Path(args.scenario), Path(args.out) if args.out else None, quiet=args.quiet,
-                             methods=methods)
+                             methods=methods, overrides=args.overrides)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", help="scenario TOML, e.g. scenarios/quickstart.toml")
     p.add_argument("--out", help="run folder (default: runs/NAME-TIMESTAMP); methods already in it are kept")
     p.add_argument("--methods", help="run only these of the scenario's methods (comma-separated)")
+    p.add_argument("--set", dest="overrides", action="append", metavar="TABLE.KEY=VALUE", default=[],
+                   help="change one setting of the scenario, e.g. --set scenario.seed=1 --set data.clusters=10 "
+                        "(repeatable; the run folder's scenario.toml records the result)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.set_defaults(func=cmd_run)

@@ -6,8 +6,11 @@ machine (``p2pfed run``) or on many (``p2pfed node --scenario FILE --index I``).
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from p2pfed.config import ConfigError, MeshConfig, fill, read_toml
 from p2pfed.learn.datasets import DATASETS
@@ -15,6 +18,7 @@ from p2pfed.learn.models import MODELS
 from p2pfed.learn.partition import PARTITIONS
 
 ACTIONS = ("join", "leave", "crash", "slow")
+SCENARIO_TABLES = ("scenario", "data", "train", "pfedlia", "central", "mesh")
 CLUSTERED = {"ifca", "fesem", "ifca-cam", "fesem-cam", "feddsmic", "fedds"}  # methods with K cluster models
 
 
@@ -188,12 +192,38 @@ class Scenario:
         self.mesh.validate(f"{where}mesh.")
 
 
-def load_scenario(path: Path) -> Scenario:
-    """Read and validate a scenario TOML; errors name the file and the key."""
-    data = read_toml(path)
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set TABLE.KEY=VALUE overrides (``p2pfed run --set``) in a scenario's TOML data. VALUE is read as a
+    TOML value (10, 0.5, true, ["a", "b"]), else taken as a string; keys are checked when the scenario is
+    validated."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        table, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name or "." in name:
+            raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE, e.g. data.clusters=10")
+        if table not in SCENARIO_TABLES:
+            raise ConfigError(f"--set {item!r}: unknown table [{table}]; choose one of {', '.join(SCENARIO_TABLES)}")
+        try:
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value.strip()
+        data.setdefault(table, {})[name] = parsed
+    return data
+
+
+def write_scenario(data: dict[str, Any], path: Path, header: str) -> None:
+    """Write scenario data as TOML (the run folder's copy of a scenario changed by --set)."""
+    import tomli_w
+
+    path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + tomli_w.dumps(data))
+
+
+def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
+    """Read and validate a scenario TOML (with TABLE.KEY=VALUE overrides); errors name the file and key."""
+    data = apply_overrides(read_toml(path), overrides)
     try:
         flat = dict(data.pop("scenario", {}))
-        for key in ("data", "train", "pfedlia", "central", "mesh"):
+        for key in SCENARIO_TABLES[1:]:
             if key in data:
                 flat[key] = data.pop(key)
         if "events" in data:

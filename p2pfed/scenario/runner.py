@@ -31,7 +31,7 @@ from p2pfed.methods import is_central
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
 from p2pfed.node.learner import LearningNode
-from p2pfed.scenario.config import Scenario, load_scenario
+from p2pfed.scenario.config import Scenario, apply_overrides, load_scenario, write_scenario
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     from p2pfed.report.results import write_report
 
     out.mkdir(parents=True, exist_ok=True)
-    if scenario.path:
+    if scenario.path and Path(scenario.path).resolve() != (out / "scenario.toml").resolve():
         shutil.copy(scenario.path, out / "scenario.toml")
     # Many nodes share two cores: one torch thread per training call, two training calls at a time.
     torch.set_num_threads(1)
@@ -337,14 +337,16 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     return runs
 
 
-def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods: list[str] | None = None) -> int:
-    """CLI entry: run a scenario file (or only some of its methods) with a progress bar; print the table."""
+def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods: list[str] | None = None,
+                      overrides: list[str] | None = None) -> int:
+    """CLI entry: run a scenario file (or only some of its methods, or with TABLE.KEY=VALUE overrides) with
+    a progress bar; print the table."""
     from tqdm import tqdm
 
-    from p2pfed.config import ConfigError
+    from p2pfed.config import ConfigError, read_toml
     from p2pfed.report.results import report_run
 
-    scenario = load_scenario(path)
+    scenario = load_scenario(path, overrides or ())
     if methods:
         unknown = [m for m in methods if m not in scenario.methods]
         if unknown:
@@ -353,6 +355,11 @@ def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods
         scenario.methods = methods
     out = out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
+    if overrides:  # the run folder keeps the scenario as run, and node processes read that copy
+        effective = out / "scenario.toml"
+        write_scenario(apply_overrides(read_toml(path), overrides), effective,
+                       f"{path} with --set {' --set '.join(overrides)} (written by p2pfed run)")
+        scenario.path = str(effective)
     # Every log line of every node goes to the run folder's run.log (the terminal shows only warnings).
     handler = logging.FileHandler(out / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))

@@ -104,16 +104,21 @@ def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_
         assert (out / png).stat().st_size > 1000
 
 
-def test_one_process_per_node_and_the_report_command(tmp_path: Path) -> None:
+def test_one_process_per_node_set_overrides_and_the_report_command(tmp_path: Path) -> None:
     path = write(tmp_path, methods='["oracle", "local"]', processes="true")
     shrink(path, nodes=4, clusters=2, rounds=4)
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "p2pfed", "run", str(path), "--out", str(out), "-q"],
+    res = subprocess.run([sys.executable, "-m", "p2pfed", "run", str(path), "--out", str(out), "-q",
+                          "--set", "scenario.rounds=3", "--set", "train.lr=0.1"],
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "oracle" in res.stdout and "local" in res.stdout
     summary = json.loads((out / "summary.json").read_text())["methods"]
     assert summary["oracle"]["nodes_finished"] == 4 and summary["oracle"]["accuracy"] > 0.5
+    as_run = load_scenario(out / "scenario.toml")  # the run folder records the scenario as changed
+    assert (as_run.rounds, as_run.train.lr, as_run.nodes) == (3, 0.1, 4)
+    rounds = [json.loads(x)["round"] for x in (out / "oracle" / "coordinator.jsonl").read_text().splitlines()]
+    assert max(rounds) == 2  # the node processes read the changed copy too: three rounds, not four
     (out / "summary.json").unlink()
     again = subprocess.run([sys.executable, "-m", "p2pfed", "report", str(out)], capture_output=True, text=True)
     assert again.returncode == 0 and "oracle" in again.stdout and (out / "summary.json").exists()

@@ -46,3 +46,16 @@ def test_settings_that_cannot_work_are_refused_with_the_key(tmp_path: Path, extr
     path.write_text("[scenario]\nnodes = 4\nrounds = 5\n" + extra)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_scenario(path)
+
+
+def test_set_overrides_change_settings_and_name_what_is_wrong(tmp_path: Path) -> None:
+    from p2pfed.config import ConfigError
+
+    path = tmp_path / "s.toml"
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n[data]\nclusters = 2\n")
+    s = load_scenario(path, ["scenario.seed=3", "data.dataset=fmnist", "central.k=2", "scenario.methods=['fesem']"])
+    assert (s.seed, s.data.dataset, s.central.k, s.methods, s.data.clusters) == (3, "fmnist", 2, ["fesem"], 2)
+    for bad, message in [("seed=3", "expected TABLE.KEY=VALUE"), ("model.depth=3", "unknown table \\[model\\]"),
+                         ("data.clusterz=3", "clusterz"), ("scenario.rounds=0", "rounds must be at least 1")]:
+        with pytest.raises(ConfigError, match=message):
+            load_scenario(path, [bad])
