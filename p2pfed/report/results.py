@@ -187,8 +187,9 @@ def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> N
 
 
 def plot_clusters(run_dir: Path, methods: list[Path]) -> None:
-    """clusters.png: for each method whose coordinator groups nodes, the sizes of its clusters per round
-    (largest at the bottom); a collapse into one cluster shows as one band taking everything."""
+    """clusters.png: for each method whose coordinator groups nodes, how many nodes each cluster holds per
+    round, one colour per cluster id (as paper 001's Fig. 1; the legend gives each id's final size). A
+    collapse into one cluster shows as one band taking everything; nodes not yet placed leave a gap."""
     import matplotlib.pyplot as plt
 
     series = {}
@@ -198,14 +199,24 @@ def plot_clusters(run_dir: Path, methods: list[Path]) -> None:
             series[m.name] = rounds
     if not series:
         return
-    fig, axes = plt.subplots(len(series), 1, figsize=(7, 1.9 * len(series) + 0.6), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(series), 1, figsize=(7.5, 1.9 * len(series) + 0.6), sharex=True, squeeze=False)
     for ax, (name, rounds) in zip(axes[:, 0], series.items(), strict=True):
-        width = max(len(r["sizes"]) for r in rounds)
         xs = [r["round"] for r in rounds]
-        bands = np.array([r["sizes"] + [0] * (width - len(r["sizes"])) for r in rounds]).T
-        ax.stackplot(xs, bands, step="post", linewidth=0.3, edgecolor="white")
+        ids = sorted({int(g) for r in rounds for g in r.get("assignment", {}).values()})
+        if ids:  # per cluster id, from the assignment recorded each round
+            bands = np.array([[sum(1 for g in r.get("assignment", {}).values() if int(g) == i) for r in rounds]
+                              for i in ids])
+            labels = [f"{i} ({bands[k, -1]})" for k, i in enumerate(ids)]
+        else:  # older records: sizes only, largest first
+            width = max(len(r["sizes"]) for r in rounds)
+            bands = np.array([r["sizes"] + [0] * (width - len(r["sizes"])) for r in rounds]).T
+            labels = []
+        ax.stackplot(xs, bands, step="post", linewidth=0.3, edgecolor="white", labels=labels)
         ax.set_ylabel("nodes")
         ax.set_title(f"{name}: cluster sizes ({len(rounds[-1]['sizes'])} clusters at the end)", fontsize=9)
+        if labels and len(labels) <= 12:
+            ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, title="id (final)",
+                      title_fontsize=7, frameon=False)
     axes[-1, 0].set_xlabel("round")
     fig.tight_layout()
     fig.savefig(run_dir / "clusters.png", dpi=120)
