@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from p2pfed.net import security
-from p2pfed.wire import DEFAULT_LIMITS, NO_REPLY, Limits, Message, WireError, decode, encode, peek_sender
+from p2pfed.wire import DEFAULT_LIMITS, NO_REPLY, Limits, Message, WireError, decode, encode, peek_field, peek_sender
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +227,10 @@ class Transport:
                 self.dropped += 1
                 log.warning("%s: dropped reply from %s (%s): %s", self.name, peek_sender(frames[0].buffer),
                             address, exc)
+                # The request it answers fails now rather than at its timeout (the reply came and was bad).
+                fut = self.pending.get(peek_field(frames[0].buffer, "id"))
+                if fut is not None and not fut.done():
+                    fut.set_exception(DeliveryError(f"reply from {address} refused: {exc}"))
                 continue
             self.bytes_received += sum(len(f) for f in frames)
             fut = self.pending.get(reply.id)

@@ -10,6 +10,7 @@ from p2pfed.wire.codec import (
     check_tensors,
     decode,
     encode,
+    peek_field,
     peek_sender,
 )
 from p2pfed.wire.messages import NO_REPLY, SCHEMAS
@@ -26,5 +27,6 @@ __all__ = [
     "check_tensors",
     "decode",
     "encode",
+    "peek_field",
     "peek_sender",
 ]

@@ -114,15 +114,21 @@ def encode(msg: Message) -> list[Any]:
     return frames
 
 
-def peek_sender(frame0: Any) -> str:
-    """Best-effort sender name of an envelope for log lines about a message that failed to decode."""
+def peek_field(frame0: Any, key: str) -> str:
+    """Best-effort string field of an envelope that failed to decode ("?" if unreadable): the sender for
+    log lines, the id to fail the request a rejected reply answers."""
     try:
         env = msgpack.unpackb(bytes(frame0)[:65536], raw=False, max_str_len=256, max_bin_len=0,
                               max_array_len=64, max_map_len=64, max_ext_len=0)
-        sender = env.get("sender") if isinstance(env, dict) else None
-        return sender[:64] if isinstance(sender, str) else "?"
+        value = env.get(key) if isinstance(env, dict) else None
+        return value[:64] if isinstance(value, str) else "?"
     except Exception:
         return "?"
+
+
+def peek_sender(frame0: Any) -> str:
+    """Best-effort sender name of an envelope for log lines about a message that failed to decode."""
+    return peek_field(frame0, "sender")
 
 
 def _unpack_envelope(frame0: Any, limits: Limits) -> dict[str, Any]:

@@ -92,6 +92,21 @@ def test_refused_content_is_reported_to_the_sender() -> None:
     asyncio.run(main())
 
 
+def test_a_reply_that_fails_validation_fails_its_request_at_once() -> None:
+    async def poisoned(msg: Message) -> Message | None:
+        return model("b", w=torch.full((2,), float("nan")))  # a diverged model as the reply
+
+    async def main() -> None:
+        sender, receiver, _ = await pair(poisoned)
+        with pytest.raises(DeliveryError, match="refused: .*NaN"):  # not after the request's 60 s
+            await asyncio.wait_for(sender.request(receiver.address, model(), timeout=60), 10)
+        assert sender.dropped == 1 and not sender.pending
+        await sender.close()
+        await receiver.close()
+
+    asyncio.run(main())
+
+
 def test_garbage_is_dropped_with_one_log_line_and_the_node_keeps_running(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         sender, receiver, got = await pair()
