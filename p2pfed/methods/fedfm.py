@@ -44,15 +44,21 @@ log = logging.getLogger(__name__)
 
 def matching_loss(feats: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, have: torch.Tensor, kind: str,
                   temperature: float) -> torch.Tensor:
-    """FedFM's feature matching term for a batch: contrastive guiding ("cg") or squared distance ("l2"),
-    over the samples whose class has a global anchor."""
-    feats = F.normalize(feats, dim=1)
-    known = have[y]
+    """FedFM's feature matching term for a batch: contrastive guiding ("cg") or squared distance ("l2")
+    between the normalised feature and the normalised anchors, over the samples whose class has a global
+    anchor. The paper normalises features; anchors (means of normalised features, so shorter than 1) are
+    normalised too, as the authors' code does, so CG's logits are cosine similarities / α. A sample whose
+    feature is all zero (every ReLU off) has no direction to match and is left out: normalising it would
+    divide by ~0, and its gradient turned a node's model into NaN in a Fashion-MNIST run."""
+    norms = feats.norm(dim=1)
+    known = have[y] & (norms > 1e-6)
     if not bool(known.any()):
         return feats.sum() * 0.0
+    f = feats[known] / norms[known, None]
+    anchors = F.normalize(anchors, dim=1)
     if kind == "l2":
-        return ((feats[known] - anchors[y[known]]) ** 2).sum(1).mean()
-    logits = feats[known] @ anchors.T / temperature
+        return ((f - anchors[y[known]]) ** 2).sum(1).mean()
+    logits = f @ anchors.T / temperature
     logits = logits.masked_fill(~have[None, :], float("-inf"))  # only classes with an anchor compete
     return F.cross_entropy(logits, y[known])
 

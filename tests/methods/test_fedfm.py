@@ -29,6 +29,18 @@ def test_contrastive_guiding_prefers_the_own_anchor_and_l2_measures_the_distance
     assert float(matching_loss(right, torch.tensor([2, 2]), ANCHORS, HAVE, "cg", 0.1)) == 0.0
 
 
+def test_matching_uses_anchor_directions_and_skips_features_with_no_direction() -> None:
+    y = torch.tensor([0, 1])
+    short = ANCHORS * 0.3  # means of normalised features are shorter than 1: only their direction counts
+    right = torch.tensor([[2.0, 0.0], [0.0, 3.0]])
+    assert float(matching_loss(right, y, short, HAVE, "l2", 0.1)) == 0.0
+    feats = torch.tensor([[0.0, 0.0], [0.0, 3.0]], requires_grad=True)  # the first: every ReLU off
+    for kind in ("cg", "l2"):
+        loss = matching_loss(feats, y, ANCHORS, HAVE, kind, 0.1)
+        (grad,) = torch.autograd.grad(loss, feats)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all() and float(grad[0].abs().sum()) == 0.0
+
+
 def fedfm_ctx() -> FakeCoordinator:
     ctx = FakeCoordinator(lambda n, t: None)
     ctx.initial = {"head.weight": torch.zeros(3, 2), "head.bias": torch.zeros(3)}

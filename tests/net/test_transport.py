@@ -98,7 +98,7 @@ def test_a_reply_that_fails_validation_fails_its_request_at_once() -> None:
 
     async def main() -> None:
         sender, receiver, _ = await pair(poisoned)
-        with pytest.raises(DeliveryError, match="refused: .*NaN"):  # not after the request's 60 s
+        with pytest.raises(DeliveryError, match=r"refused: .*NaN"):  # not after the request's 60 s
             await asyncio.wait_for(sender.request(receiver.address, model(), timeout=60), 10)
         assert sender.dropped == 1 and not sender.pending
         await sender.close()
