@@ -19,7 +19,6 @@ from p2pfed.learn.partition import PARTITIONS
 
 ACTIONS = ("join", "leave", "crash", "slow")
 SCENARIO_TABLES = ("scenario", "data", "train", "pfedlia", "central", "mesh")
-CLUSTERED = {"ifca", "fesem", "ifca-cam", "fesem-cam", "feddsmic", "fedds"}  # methods with K cluster models
 
 
 @dataclass
@@ -133,7 +132,7 @@ class Scenario:
 
     def validate(self, where: str = "") -> None:
         """Raise ConfigError naming the key of anything that cannot work."""
-        from p2pfed.methods import METHODS
+        from p2pfed.methods import CENTRAL, METHODS
 
         c = self.central
         checks = [
@@ -174,7 +173,9 @@ class Scenario:
             ("ifca-cam" not in self.methods or c.cam_warmup < self.rounds,
              f"central.cam_warmup ({c.cam_warmup}) must be below scenario.rounds ({self.rounds}): IFCA-CAM's "
              "warm-up rounds would leave none for the cluster models"),
-            (not set(self.methods) & CLUSTERED or (c.k or self.data.clusters) <= self.nodes,
+            # methods with K cluster models are those that read central.k
+            (not any("k" in CENTRAL[m].option_keys for m in self.methods if m in CENTRAL)
+             or (c.k or self.data.clusters) <= self.nodes,
              f"central.k (or data.clusters when k = 0) must not exceed scenario.nodes ({self.nodes})"),
         ]
         for ok, message in checks:
