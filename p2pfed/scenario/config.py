@@ -195,8 +195,8 @@ class Scenario:
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Set TABLE.KEY=VALUE overrides (``p2pfed run --set``) in a scenario's TOML data. VALUE is read as a
-    TOML value (10, 0.5, true, ["a", "b"]), else taken as a string; keys are checked when the scenario is
-    validated."""
+    TOML value (10, 0.5, true, ['a', 'b']: quote strings inside lists), else taken as a string; keys are
+    checked when the scenario is validated."""
     for item in overrides:
         key, sep, value = item.partition("=")
         table, dot, name = key.strip().partition(".")
@@ -235,5 +235,6 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
         scenario.path = str(path)
         scenario.validate()
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        changed = f" with --set {' --set '.join(overrides)}" if overrides else ""  # the value may be from there
+        raise ConfigError(f"{path}{changed}: {exc}") from None
     return scenario

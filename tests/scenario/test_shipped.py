@@ -56,6 +56,7 @@ def test_set_overrides_change_settings_and_name_what_is_wrong(tmp_path: Path) ->
     s = load_scenario(path, ["scenario.seed=3", "data.dataset=fmnist", "central.k=2", "scenario.methods=['fesem']"])
     assert (s.seed, s.data.dataset, s.central.k, s.methods, s.data.clusters) == (3, "fmnist", 2, ["fesem"], 2)
     for bad, message in [("seed=3", "expected TABLE.KEY=VALUE"), ("model.depth=3", "unknown table \\[model\\]"),
-                         ("data.clusterz=3", "clusterz"), ("scenario.rounds=0", "rounds must be at least 1")]:
+                         ("data.clusterz=3", "with --set data.clusterz=3: .*clusterz"),
+                         ("scenario.rounds=0", "rounds must be at least 1")]:
         with pytest.raises(ConfigError, match=message):
             load_scenario(path, [bad])
