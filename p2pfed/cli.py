@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a scripted scenario (many nodes on this machine, real sockets)")
     p.add_argument("scenario", help="scenario TOML, e.g. scenarios/quickstart.toml")
-    p.add_argument("--out", help="run folder (default: runs/NAME-TIMESTAMP); methods already in it are kept")
+    p.add_argument("--out", help="run folder (default: runs/NAME-TIMESTAMP); methods already in it are kept "
+                                 "(same scenario only)")
     p.add_argument("--methods", help="run only these of the scenario's methods (comma-separated)")
     p.add_argument("--set", dest="overrides", action="append", metavar="TABLE.KEY=VALUE", default=[],
                    help="change one setting of the scenario, e.g. --set scenario.seed=1 --set data.clusters=10 "

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +337,11 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     return runs
 
 
+def _settings(scenario: Scenario) -> dict[str, Any]:
+    """What makes two runs comparable: every setting but the methods and the file it came from."""
+    return {k: v for k, v in asdict(scenario).items() if k not in ("methods", "path")}
+
+
 def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods: list[str] | None = None,
                       overrides: list[str] | None = None) -> int:
     """CLI entry: run a scenario file (or only some of its methods, or with TABLE.KEY=VALUE overrides) with
@@ -354,6 +359,12 @@ def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods
                               f"({', '.join(scenario.methods)})")
         scenario.methods = methods
     out = out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (out / "scenario.toml").exists():  # adding methods to a run folder: only to a run of the same scenario
+        before, now = _settings(load_scenario(out / "scenario.toml")), _settings(scenario)
+        differ = [k for k in now if before.get(k) != now[k]]
+        if differ:
+            raise ConfigError(f"{out} holds a run of another scenario ({', '.join(differ)} differ); its report "
+                              "would mix the two: choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     if overrides:  # the run folder keeps the scenario as run, and node processes read that copy
         effective = out / "scenario.toml"

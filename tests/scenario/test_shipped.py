@@ -60,3 +60,16 @@ def test_set_overrides_change_settings_and_name_what_is_wrong(tmp_path: Path) ->
                          ("scenario.rounds=0", "rounds must be at least 1")]:
         with pytest.raises(ConfigError, match=message):
             load_scenario(path, [bad])
+
+
+def test_a_run_folder_takes_more_methods_only_of_the_same_scenario(tmp_path: Path) -> None:
+    from p2pfed.config import ConfigError
+    from p2pfed.scenario.runner import run_scenario_file
+
+    path = tmp_path / "s.toml"
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['fedavg', 'local']\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "scenario.toml").write_text(path.read_text())  # as a finished run leaves it
+    with pytest.raises(ConfigError, match="holds a run of another scenario"):
+        run_scenario_file(path, out, quiet=True, methods=["local"], overrides=["scenario.seed=5"])
