@@ -257,7 +257,12 @@ class LearningNode:
         self.round = self.endpoint.round = rnd
         for key in [k for k in self.inbox if k[1] < rnd - 1]:
             del self.inbox[key]  # models of rounds long gone (stragglers' late sends)
+        decided = self.method.state()
         await self.method.before_round(rnd)
+        if self.method.state() != decided:
+            # The method decided something before the round (pFedLIA's choice of peers, already announced to
+            # them): keep it now, so a crash later in this round resumes with it instead of choosing again.
+            self.checkpoint(rnd - 1)
         # Who counts in this round, as the round starts: a source that sends its model and then finishes
         # the run (and leaves) before this node collects still counts.
         counted = self.method.sources(rnd)
