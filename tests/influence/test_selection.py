@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from p2pfed.influence.selection import mutual_clusters, select_peers, two_means
+from p2pfed.scenario.config import PFedLIAConfig
 
 
 def test_clear_split_chooses_the_helpful_group() -> None:
@@ -41,3 +45,55 @@ def test_mutual_clusters_are_connected_groups_of_mutual_choices() -> None:
     # a late joiner whom nobody chose back joins the group of the peers it chose
     found = mutual_clusters({**choices, "late": ["a", "b", "x"]})
     assert found["late"] == found["a"]
+
+
+def test_the_split_is_the_exact_2_means_split_not_the_mean() -> None:
+    # realistic scores of 10 peers: 6 helpful ones spread out, 4 around zero. 2-means puts 0.2 with the helpful
+    # (threshold 0.09, explaining 82 % of the variance); a cut at the mean (0.206) would drop it.
+    values = [0.25, 0.43, 0.49, 0.48, 0.2, 0.59, -0.21, -0.08, -0.02, -0.07]
+    scores = {f"p{i}": v for i, v in enumerate(values)}
+    threshold, explained = two_means(np.array(values))
+    assert threshold == pytest.approx(0.09) and explained == pytest.approx(0.8190587, rel=1e-6)
+    assert select_peers(scores) == ["p0", "p1", "p2", "p3", "p4", "p5"]
+
+
+def test_evenly_spread_scores_have_no_clear_split_so_every_helpful_peer_is_chosen() -> None:
+    values = np.linspace(0.1, 1.0, 10)  # 2-means explains 0.758 of their variance: below the 0.8 gap
+    assert two_means(values)[1] == pytest.approx(0.7575758, rel=1e-6)
+    scores = {f"p{i}": float(v) for i, v in enumerate(values)}
+    assert select_peers(scores) == sorted(scores)
+    assert len(select_peers(scores, gap=0.75)) == 5  # a looser gap would split them in half
+    assert PFedLIAConfig().gap == 0.8  # the scenario's default is the same rule
+
+
+def brute_force_2_means(values: list[float]) -> tuple[float, float]:
+    """Every split of the sorted distinct values tried; (threshold, explained share) of the best."""
+    s = sorted(values)
+    total = sum((v - sum(s) / len(s)) ** 2 for v in s)
+    best = (float("inf"), float("-inf"))
+    for k in range(1, len(s)):
+        if s[k] == s[k - 1]:
+            continue
+        left, right = s[:k], s[k:]
+        sse = sum((v - sum(left) / len(left)) ** 2 for v in left) + sum((v - sum(right) / len(right)) ** 2
+                                                                          for v in right)
+        if sse < best[0]:
+            best = (sse, (s[k - 1] + s[k]) / 2)
+    return best[1], 1 - best[0] / total
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-1000, 1000), min_size=2, max_size=12))
+def test_two_means_finds_the_best_split_of_any_scores(ints: list[int]) -> None:
+    values = [i / 100 for i in ints]
+    if len(set(values)) < 2:
+        assert two_means(np.array(values)) == (float("-inf"), 0.0)
+        return
+    threshold, explained = two_means(np.array(values))
+    want_threshold, want_explained = brute_force_2_means(values)
+    assert threshold == pytest.approx(want_threshold) and explained == pytest.approx(want_explained, abs=1e-9)
+    chosen = select_peers({f"p{i}": v for i, v in enumerate(values)})
+    if explained >= 0.8:
+        assert chosen == sorted(f"p{i}" for i, v in enumerate(values) if v > threshold and v > 0)
+    else:
+        assert chosen == sorted(f"p{i}" for i, v in enumerate(values) if v > 0)

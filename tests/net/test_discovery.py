@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import signal
+import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiomqtt
 import pytest
 
-from p2pfed.net.discovery import BrokerAddress, parse_presence
+from p2pfed.net.discovery import BrokerAddress, MqttDiscovery, parse_presence
+from p2pfed.net.endpoint import Endpoint, MeshOptions
+from p2pfed.net.membership import ALIVE, DEAD
 from tests.helpers import free_port, p2pfed, peer_states, status, stop, wait_for
 
 PRESENCE = {"name": "n1", "address": "tcp://10.0.0.1:7000", "role": "node", "incarnation": 7, "pubkey": "",
@@ -52,10 +57,18 @@ def mosquitto(tmp_path: Path):
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
     proc = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
-    yield port
-    proc.terminate()
-    proc.wait(5)
+    try:
+        wait_for(lambda: port_open(port) or proc.poll() is not None, 20, "mosquitto to listen")
+        assert proc.poll() is None, f"mosquitto exited with {proc.returncode}"
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 async def retained_state(port: int, mesh: str, name: str) -> str | None:
@@ -98,3 +111,28 @@ def test_nodes_find_each_other_through_mosquitto_and_its_last_will_announces_a_k
         assert "broker announces n3 is dead" in (tmp_path / "n2.log").read_text()
     finally:
         stop(*procs.values())
+
+
+async def test_presence_introduces_a_peer_and_its_will_marks_it_dead(members: Callable[..., Endpoint],
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    me = members("n1", options=MeshOptions(heartbeat=0.1))
+    await me.start("tcp://127.0.0.1:0")
+    peer = members("n2", options=MeshOptions(heartbeat=0.1))
+    await peer.start("tcp://127.0.0.1:0")
+    discovery = MqttDiscovery(me, "mqtt://127.0.0.1:1/lab")  # never connects: messages are fed by hand
+    presence = {**PRESENCE, "name": "n2", "address": peer.address, "incarnation": peer.incarnation}
+    discovery._on_message("p2pfed/lab/members/n2", json.dumps(presence).encode())
+    deadline = time.monotonic() + 5
+    while me.peers.peers["n2"].state != ALIVE and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # introduced by the presence, alive once its own heartbeat answers
+    assert me.peers.peers["n2"].state == ALIVE
+    discovery._on_message("p2pfed/lab/members/n2", json.dumps({**presence, "incarnation": 1}).encode().replace(
+        b'"alive"', b'"dead"'))
+    assert me.peers.peers["n2"].state == ALIVE  # the will of an older incarnation of n2 changes nothing
+    with caplog.at_level(logging.INFO):
+        discovery._on_message("p2pfed/lab/members/n2", json.dumps({**presence, "state": "dead"}).encode())
+    assert me.peers.peers["n2"].state == DEAD and "broker announces n2 is dead" in caplog.text
+    discovery._on_message("p2pfed/lab/members/n1", json.dumps({**PRESENCE, "state": "dead"}).encode())
+    discovery._on_message("p2pfed/lab/members/n3", b"")  # a cleared retained message
+    discovery._on_message("p2pfed/lab/members/n3", b"{")
+    assert set(me.peers.peers) == {"n2"} and "dropped discovery message" in caplog.text

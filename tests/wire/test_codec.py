@@ -99,12 +99,20 @@ def test_malformed_envelopes_are_refused(changes: dict, reason: str) -> None:
 
 def test_limits_are_enforced() -> None:
     frames = as_bytes(encode(model_message(t=torch.zeros(1000))))
-    with pytest.raises(WireError, match="exceeds"):
+    with pytest.raises(WireError, match=r"tensor 't': 4000 bytes exceeds the message limit"):
         decode(frames, Limits(max_message_bytes=1000))
     with pytest.raises(WireError, match="envelope of"):
         decode(frames, Limits(max_envelope_bytes=10))
     with pytest.raises(WireError, match="at most"):
         decode(frames, Limits(max_tensors=0))
+
+
+def test_the_whole_message_is_capped_not_only_each_tensor() -> None:
+    frames = as_bytes(encode(model_message(a=torch.zeros(600), b=torch.zeros(600))))  # 2,400 bytes each
+    total = sum(len(f) for f in frames)
+    assert decode(frames, Limits(max_message_bytes=total)).tensors["b"].numel() == 600  # at the cap: accepted
+    with pytest.raises(WireError, match=rf"^message exceeds {total - 1} bytes$"):
+        decode(frames, Limits(max_message_bytes=total - 1))  # each tensor is under the cap, together over
 
 
 UNPICKLED: list[bool] = []

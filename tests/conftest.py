@@ -1,0 +1,82 @@
+"""Fixtures every test may use: transports and mesh members that are closed whatever the test does.
+
+A test that fails with sockets still open must fail, not hang: pytest would otherwise stop at exit in
+libzmq's context teardown (a context waits for its sockets), and in CI a regression would look like a
+hung job. Tests make their transports and members through these fixtures; the fixture closes them, and
+as a last resort every context still open when the session ends is destroyed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from p2pfed.net.endpoint import Endpoint
+from p2pfed.net.transport import Transport
+from p2pfed.wire import Message
+
+
+def destroy(transport: Transport) -> None:
+    """Close every socket of a transport's context at once, without waiting (safe after close())."""
+    if transport.auth is not None:
+        with contextlib.suppress(Exception):
+            transport.auth.stop()
+    if not transport.ctx.closed:
+        transport.ctx.destroy(linger=0)
+
+
+class Inbox(list[Message]):
+    """A handler that keeps what it receives and acknowledges it."""
+
+    async def __call__(self, msg: Message) -> Message | None:
+        self.append(msg)
+        return None
+
+
+@pytest.fixture
+async def transports() -> AsyncIterator[Callable[..., Transport]]:
+    """make(name, handler=None, bind=True, **options) -> a bound Transport, closed after the test."""
+    made: list[Transport] = []
+
+    def make(name: str, handler: Any = None, bind: bool = True, **kw: Any) -> Transport:
+        transport = Transport(name, handler if handler is not None else Inbox(), **kw)
+        made.append(transport)
+        if bind:
+            transport.bind("tcp://127.0.0.1:0")
+        return transport
+
+    yield make
+    for transport in reversed(made):
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(transport.close(), 5)
+        destroy(transport)
+
+
+@pytest.fixture
+async def members() -> AsyncIterator[Callable[..., Endpoint]]:
+    """make(name, role='node', **endpoint_options) -> an Endpoint (not started), stopped after the test."""
+    made: list[Endpoint] = []
+
+    def make(name: str, role: str = "node", **kw: Any) -> Endpoint:
+        endpoint = Endpoint(name, role, **kw)
+        made.append(endpoint)
+        return endpoint
+
+    yield make
+    for endpoint in reversed(made):
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(endpoint.stop(leave=False), 5)
+        destroy(endpoint.transport)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Last resort: destroy every transport's context a test left open, so the process can exit."""
+    for obj in gc.get_objects():
+        if type(obj) is Transport:  # type(): isinstance would wake torch's lazy modules
+            with contextlib.suppress(Exception):
+                destroy(obj)

@@ -1,0 +1,123 @@
+"""pFedLIA peer to peer, without sockets: the influence phase, the choice, who sends to whom, late joiners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from p2pfed.methods.pfedlia_p2p import PFedLIAP2P
+from p2pfed.scenario.config import PFedLIAConfig
+
+
+class FakeNode:
+    """A NodeContext whose peers' partial models and scores are given by the test."""
+
+    def __init__(self, name: str, peers: list[str], scores: dict[str, float], keeps: dict[str, set[str]]) -> None:
+        self.name, self.round = name, 0
+        self.peers = peers
+        self.scores = scores
+        self.keeps = keeps  # peer -> kinds of kept model it can give ("w0", "partial")
+        self.sent: list[tuple[str, set[str]]] = []
+        self.announced: list[tuple[list[str], list[str] | None]] = []
+        self.fetched: list[tuple[str, str]] = []
+        self.records: list[tuple[str, dict[str, Any]]] = []
+        self.loaded: dict[str, torch.Tensor] | None = None
+        self.trained_partial = 0
+
+    def live_peers(self) -> list[str]:
+        return sorted(self.peers)
+
+    def true_cluster_of(self, name: str) -> int:
+        return -1
+
+    async def train_partial(self) -> dict[str, torch.Tensor]:
+        self.trained_partial += 1
+        return {"w": torch.ones(2)}
+
+    async def send_model(self, to: set[str], kind: str, state: dict[str, torch.Tensor],
+                         meta: dict[str, Any] | None = None) -> int:
+        self.sent.append((kind, set(to)))
+        return len(to)
+
+    async def collect(self, kind: str, rnd: int, expected: set[str], timeout: float | None
+                      ) -> dict[str, dict[str, Any]]:
+        if kind == "partial":
+            return {p: {"state": {"w": torch.full((2,), float(i))}, "samples": 1}
+                    for i, p in enumerate(sorted(expected))}
+        return {p: {"peers": []} for p in expected}
+
+    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
+        return {p: self.scores[p] for p in partials}
+
+    async def announce_choices(self, chosen: dict[str, float], to: list[str] | None = None) -> None:
+        self.announced.append((sorted(chosen), to))
+
+    async def fetch(self, peer: str, kind: str) -> dict[str, torch.Tensor] | None:
+        self.fetched.append((peer, kind))
+        return {"w": torch.zeros(2)} if kind in self.keeps.get(peer, set()) else None
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.loaded = state
+
+    def current_state(self) -> dict[str, torch.Tensor]:
+        return {"w": torch.zeros(2)}
+
+    def record(self, event: str, **fields: Any) -> None:
+        self.records.append((event, fields))
+
+
+SCORES = {"a": 2.0, "b": 1.9, "c": -3.0, "d": -3.1}
+
+
+async def test_warm_up_averages_with_everyone_then_the_influence_phase_chooses_the_helpful_peers() -> None:
+    node = FakeNode("me", list(SCORES), SCORES, {})
+    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=2))
+    await method.before_round(1)
+    assert method.sources(1) == method.subscribers(1) == set(SCORES) and node.sent == []
+    await method.before_round(2)
+    assert node.sent == [("partial", set(SCORES))] and node.trained_partial == 1
+    assert method.chosen == {"a", "b"} and method.sources(3) == {"a", "b"}
+    assert node.announced == [(["a", "b"], None)] and node.records[0][1]["chosen"] == ["a", "b"]
+    assert method.subscribers(3) == set()  # nobody chose this node yet
+    method.on_choices("a", ["me", "b"])
+    method.on_choices("c", ["d"])
+    assert method.subscribers(3) == {"a"}
+    method.on_choices("a", ["b"])  # a changed its mind
+    assert method.subscribers(3) == set()
+    await method.before_round(3)  # once chosen, nothing more happens before a round
+    assert len(node.sent) == 1 and len(node.announced) == 1
+
+
+async def test_only_live_chosen_peers_count_and_a_reappearing_peer_is_told_the_choice_again() -> None:
+    node = FakeNode("me", list(SCORES), SCORES, {})
+    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=0))
+    await method.before_round(0)
+    method.on_choices("b", ["me"])
+    node.peers = ["b", "c"]  # a has died
+    assert method.sources(1) == {"b"} and method.subscribers(1) == {"b"}
+    await method.on_peer_change("a")
+    assert node.announced[-1] == (["a", "b"], ["a"])
+    state = method.state()
+    again = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=0))
+    again.restore(state)
+    assert again.state() == state and again.chosen == {"a", "b"} and again.choosers == {"b"}
+
+
+async def test_a_late_joiner_fetches_w0_and_kept_partials_and_chooses_without_a_new_phase() -> None:
+    keeps = {"a": {"partial"}, "b": {"w0", "partial"}, "c": {"w0", "partial"}, "d": {"w0", "partial"}}
+    node = FakeNode("late", list(SCORES), SCORES, keeps)
+    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=2))
+    await method.before_round(7)
+    assert node.fetched[:2] == [("a", "w0"), ("b", "w0")]  # the first peer that keeps w0 gives it
+    assert node.loaded is not None and node.trained_partial == 1  # it keeps its own partial for later joiners
+    assert [p for p, k in node.fetched if k == "partial"] == ["a", "b", "c", "d"]
+    assert method.chosen == {"a", "b"} and node.sent == []  # no influence phase of its own
+
+
+async def test_a_late_joiner_that_cannot_fetch_w0_trains_alone() -> None:
+    node = FakeNode("late", ["a", "b"], SCORES, {"a": {"partial"}, "b": {"partial"}})
+    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=2))
+    await method.before_round(5)
+    assert method.chosen == set() and method.sources(6) == set()
+    assert node.loaded is None and node.trained_partial == 0 and node.announced == []
