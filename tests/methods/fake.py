@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from p2pfed.methods.central import Task
-from p2pfed.scenario.config import CentralConfig, PFedLIAConfig, load_scenario
-from p2pfed.scenario.runner import run_scenario
+from p2pfed.scenario.config import CentralConfig, PFedLIAConfig
 
 
 class FakeCoordinator:
@@ -49,22 +46,3 @@ class FakeCoordinator:
 
 def vec(*xs: float) -> dict[str, torch.Tensor]:
     return {"w": torch.tensor(xs, dtype=torch.float32)}
-
-
-def run_small(tmp_path: Path, methods: list[str], rounds: int, central: str = "", partition: str = ""
-              ) -> tuple[dict[str, Any], Path]:
-    """Run methods on the 6-node, 3-cluster digits test scenario over real sockets; return the summary's
-    methods and the run folder. central: lines for [central]; partition: lines replacing the partition."""
-    from tests.scenario.test_mesh_learning import shrink, write
-
-    path = write(tmp_path, methods=json.dumps(methods))
-    shrink(path, nodes=6, clusters=3, rounds=rounds)
-    text = path.read_text()
-    if central:
-        text = text.replace("[mesh]", f"[central]\n{central}\n\n[mesh]")
-    if partition:
-        text = text.replace('partition = "pathological"', partition)
-    path.write_text(text)
-    out = tmp_path / "run"
-    run_scenario(load_scenario(path), out)
-    return json.loads((out / "summary.json").read_text())["methods"], out

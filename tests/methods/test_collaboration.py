@@ -1,0 +1,146 @@
+"""Every method does its job over real sockets, on small scenarios built so that collaboration matters.
+
+Two scenarios, 12 digits nodes with 12 training samples each (too few to learn well alone):
+- clustered: 3 true clusters of 4 nodes, each cluster holding its own labels (paper 002's pathological
+  partition). One global model serves them poorly; a method that finds the clusters (or the helpful peers)
+  must beat both local-only training and FedAvg, and where it clusters, find the true clusters.
+- iid: every node has every label. Here the global-model methods (FedAvg, FedProx, FedFM) must beat
+  local-only training by far: it is what federated learning is for.
+Measured on this machine (accuracy %): clustered local 86.9, fedavg 83.1, the clustered methods 95.2–97.3,
+FedFomo 93.7; iid local 54.6, fedavg 89.5, FedFM 78.8, FedFM-ℓ2 77.6. The margins below leave room for the
+small differences that the order of arrivals makes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from p2pfed.scenario.config import load_scenario
+from p2pfed.scenario.runner import run_scenario
+
+SCENARIO = """
+[scenario]
+name = "collab-{partition}"
+seed = 1
+nodes = 12
+rounds = 12
+methods = ["{method}"]
+
+[data]
+dataset = "digits"
+partition = "{partition}"
+clusters = 3
+max_train = 12
+
+[train]
+model = "cnn"
+epochs = 3
+batch_size = 8
+lr = 0.1
+participation = 1.0
+round_timeout = 20
+eval_every = 4
+
+[pfedlia]
+warmup_rounds = 3
+lia_epochs = 10
+lia_batch = 60
+
+[central]
+cam_warmup = 3
+fedfm_start = 3
+# CFL's thresholds are scale-dependent (see scenarios/compare-digits.toml): here a round's updates measure
+# ||mean ΔW|| ≈ 0.2–0.3 and max ||ΔW|| ≈ 0.9–1.3 before any split.
+cfl_eps1 = 0.35
+cfl_eps2 = 0.6
+cfl_warmup = 3
+
+[mesh]
+heartbeat = 0.3
+"""
+
+
+class Runs:
+    """Runs each (partition, method) once per test session, on demand, and keeps its results."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.done: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def __call__(self, partition: str, method: str) -> dict[str, Any]:
+        key = (partition, method)
+        if key not in self.done:
+            out = self.base / partition / method
+            out.mkdir(parents=True)
+            path = out / "scenario.toml"
+            path.write_text(SCENARIO.format(partition=partition, method=method))
+            run_scenario(load_scenario(path), out)
+            summary = json.loads((out / "summary.json").read_text())["methods"][method]
+            assert summary["nodes_finished"] == 12 and not summary["crashed"], (method, summary)
+            summary["out"] = out
+            self.done[key] = summary
+        return self.done[key]
+
+    def accuracy(self, partition: str, method: str) -> float:
+        return float(self(partition, method)["accuracy"])
+
+    def assignment(self, method: str) -> tuple[list[int], list[int]]:
+        """The coordinator's final clusters and the true ones, node by node (clustered scenario)."""
+        out = self("pathological", method)["out"]
+        final = json.loads((out / method / "coordinator.jsonl").read_text().splitlines()[-1])["assignment"]
+        true = json.loads((out / "partition.json").read_text())
+        return [final[n] for n in true["nodes"]], true["true_cluster"]
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("collaboration"))
+
+
+@pytest.mark.parametrize("method", ["oracle", "oracle-p2p", "pfedlia-p2p", "pfedlia-central", "fesem", "ifca",
+                                    "ifca-cam", "fesem-cam", "feddsmic", "fedds"])
+def test_a_clustering_method_finds_the_clusters_and_beats_local_and_fedavg(runs: Runs, method: str) -> None:
+    best_alone = max(runs.accuracy("pathological", "local"), runs.accuracy("pathological", "fedavg"))
+    assert runs.accuracy("pathological", method) > best_alone + 0.05, (method, runs("pathological", method))
+    ari = runs("pathological", method)["ari"]
+    assert ari == 1.0 or method == "oracle-p2p", (method, ari)  # the oracle-p2p nodes report no clusters
+
+
+def test_cfl_splits_only_between_true_clusters_and_beats_local_and_fedavg(runs: Runs) -> None:
+    best_alone = max(runs.accuracy("pathological", "local"), runs.accuracy("pathological", "fedavg"))
+    assert runs.accuracy("pathological", "cfl") > best_alone + 0.05
+    found, true = runs.assignment("cfl")
+    # CFL's bi-partitions separate incongruent clients (Sattler et al., Theorem 1): every cluster it ends with
+    # holds nodes of one true cluster. It may split a true cluster further (measured: 4 = 2 + 2 once).
+    assert all(len({t for f, t in zip(found, true, strict=True) if f == g}) == 1 for g in set(found)), found
+    assert adjusted_rand_score(true, found) > 0.5
+
+
+def test_fedfomo_weights_peers_by_how_much_they_help_and_beats_local_and_fedavg(runs: Runs) -> None:
+    best_alone = max(runs.accuracy("pathological", "local"), runs.accuracy("pathological", "fedavg"))
+    assert runs.accuracy("pathological", "fedfomo") > best_alone + 0.04
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedavg-p2p", "fedprox", "fedfm", "fedfm-l2"])
+def test_a_global_model_beats_local_training_when_data_is_scarce_and_alike(runs: Runs, method: str) -> None:
+    assert runs.accuracy("iid", method) > runs.accuracy("iid", "local") + 0.15, runs("iid", method)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12: FedFM-Lite reloads the global model before each model "
+                   "round, throwing away the rounds it trained alone (measured: 22.2 % against local 54.6 %)")
+def test_fedfm_lite_beats_local_training_and_sends_less_than_fedfm(runs: Runs) -> None:
+    assert runs("iid", "fedfm-lite")["bytes_sent"] < runs("iid", "fedfm")["bytes_sent"]
+    assert runs.accuracy("iid", "fedfm-lite") > runs.accuracy("iid", "local") + 0.15
+
+
+def test_fedproto_shares_prototypes_not_models_and_trains_no_worse_than_alone(runs: Runs) -> None:
+    # FedProto's models never travel: its nodes gain only through the global prototypes, and on these
+    # scenarios that gain is within noise of local training (measured: iid 54.8 % against 54.6 %). What is
+    # checked is that the prototype term does not hurt and that models stay home.
+    assert runs.accuracy("iid", "fedproto") >= runs.accuracy("iid", "local") - 0.02
+    assert runs("iid", "fedproto")["bytes_sent"] < runs("iid", "fedavg")["bytes_sent"] / 2
