@@ -10,6 +10,7 @@ from p2pfed.wire.codec import (
     check_tensors,
     decode,
     encode,
+    peek,
     peek_field,
     peek_sender,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "check_tensors",
     "decode",
     "encode",
+    "peek",
     "peek_field",
     "peek_sender",
 ]

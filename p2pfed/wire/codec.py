@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 import torch
 
-from p2pfed.wire.messages import SCHEMAS, SchemaError, check_body
+from p2pfed.wire.messages import SCHEMAS, SchemaError, check_body, clip, is_name
 
 WIRE_VERSION = 1
 
@@ -53,7 +53,7 @@ class Limits:
     max_message_bytes: int = 1 << 30
     max_tensors: int = 4096
     max_ndim: int = 8
-    max_name_len: int = 256
+    max_name_len: int = 256  # a tensor's name
 
 
 DEFAULT_LIMITS = Limits()
@@ -114,21 +114,32 @@ def encode(msg: Message) -> list[Any]:
     return frames
 
 
-def peek_field(frame0: Any, key: str) -> str:
-    """Best-effort string field of an envelope that failed to decode ("?" if unreadable): the sender for
-    log lines, the id to fail the request a rejected reply answers."""
+def peek(frame0: Any) -> dict[str, str]:
+    """Best-effort short fields of an envelope that failed to decode, read one by one from its start without
+    unpacking the rest: its sender and type for log lines, its id to answer or fail the request. Only
+    well-formed names and ids are kept (a log line must not carry what a sender made up); "?" otherwise."""
+    out = dict.fromkeys(("sender", "type", "id"), "?")
     try:
-        env = msgpack.unpackb(bytes(frame0)[:65536], raw=False, max_str_len=256, max_bin_len=0,
-                              max_array_len=64, max_map_len=64, max_ext_len=0)
-        value = env.get(key) if isinstance(env, dict) else None
-        return value[:64] if isinstance(value, str) else "?"
-    except Exception:
-        return "?"
+        unpacker = msgpack.Unpacker(raw=False, max_str_len=256, max_bin_len=256, max_array_len=64,
+                                    max_map_len=64, max_ext_len=0)
+        unpacker.feed(bytes(memoryview(frame0)[:4096]))
+        for _ in range(min(unpacker.read_map_header(), 8)):
+            key, value = unpacker.unpack(), unpacker.unpack()
+            if key in out and isinstance(value, str) and (is_name(value) or (key == "id" and value.isalnum())):
+                out[key] = value[:64]
+    except Exception:  # msgpack raises several types for malformed or cut input: keep what was read
+        pass
+    return out
+
+
+def peek_field(frame0: Any, key: str) -> str:
+    """One field of peek(frame0): "sender", "type" or "id"."""
+    return peek(frame0)[key]
 
 
 def peek_sender(frame0: Any) -> str:
     """Best-effort sender name of an envelope for log lines about a message that failed to decode."""
-    return peek_field(frame0, "sender")
+    return peek(frame0)["sender"]
 
 
 def _unpack_envelope(frame0: Any, limits: Limits) -> dict[str, Any]:
@@ -148,7 +159,7 @@ def _unpack_envelope(frame0: Any, limits: Limits) -> dict[str, Any]:
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several types for malformed input
-        raise WireError(f"envelope is not valid msgpack ({type(exc).__name__}: {exc})") from None
+        raise WireError(f"envelope is not valid msgpack ({type(exc).__name__}: {clip(str(exc), 120)})") from None
     if not isinstance(env, dict):
         raise WireError("envelope is not a map")
     return env
@@ -161,6 +172,14 @@ def _check_str(env: dict[str, Any], key: str, max_len: int) -> str:
     return value
 
 
+def _check_name(env: dict[str, Any], key: str) -> str:
+    value = env.get(key)
+    if not isinstance(value, str) or not is_name(value):
+        raise WireError(f"envelope field {key!r} must be a name of letters, digits, '-', '_' or '.' "
+                        f"(got {clip(value, 80)})")
+    return value
+
+
 def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS, *, check_finite: bool = True) -> Message:
     """Decode and validate frames (bytes or buffers) into a Message; raise WireError on any violation."""
     if not frames:
@@ -168,18 +187,18 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS, *, check_fini
     env = _unpack_envelope(frames[0], limits)
     expected = {"v", "type", "mesh", "sender", "round", "id", "body", "tensors"}
     if set(env) != expected:
-        raise WireError(f"envelope fields {sorted(map(str, env))} differ from {sorted(expected)}")
+        raise WireError(f"envelope fields {clip(sorted(map(str, env))[:12], 160)} differ from {sorted(expected)}")
     if env["v"] != WIRE_VERSION:
-        raise WireError(f"wire version {env['v']!r} is not {WIRE_VERSION}")
+        raise WireError(f"wire version {clip(env['v'], 40)} is not {WIRE_VERSION}")
     mtype = _check_str(env, "type", 64)
     if mtype not in SCHEMAS:
         raise WireError(f"unknown message type {mtype!r}")
-    sender = _check_str(env, "sender", limits.max_name_len)
-    mesh = _check_str(env, "mesh", limits.max_name_len)
+    sender = _check_name(env, "sender")
+    mesh = _check_name(env, "mesh")
     msg_id = _check_str(env, "id", 64)
     rnd = env["round"]
     if not isinstance(rnd, int) or isinstance(rnd, bool) or not 0 <= rnd < 1 << 31:
-        raise WireError(f"round {rnd!r} is not an integer in [0, 2^31)")
+        raise WireError(f"round {clip(rnd, 40)} is not an integer in [0, 2^31)")
     body = env["body"]
     if not isinstance(body, dict):
         raise WireError("body is not a map")
@@ -197,7 +216,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS, *, check_fini
     for spec, frame in zip(specs, frames[1:], strict=True):
         name, tensor = _decode_tensor(spec, frame, limits, check_finite)
         if name in tensors:
-            raise WireError(f"tensor {name!r} appears twice")
+            raise WireError(f"tensor {clip(name, 80)} appears twice")
         total += tensor.numel() * tensor.element_size()
         if total > limits.max_message_bytes:
             raise WireError(f"message exceeds {limits.max_message_bytes} bytes")
@@ -212,20 +231,21 @@ def _decode_tensor(spec: Any, frame: Any, limits: Limits, check_finite: bool) ->
     if not isinstance(name, str) or not name or len(name) > limits.max_name_len:
         raise WireError("tensor name must be a non-empty short string")
     if dname not in DTYPES:
-        raise WireError(f"tensor {name!r}: dtype {dname!r} is not allowed")
+        raise WireError(f"tensor {clip(name, 80)}: dtype {clip(dname, 40)} is not allowed")
     if (
         not isinstance(shape, list)
         or len(shape) > limits.max_ndim
         or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
     ):
-        raise WireError(f"tensor {name!r}: shape {shape!r} is not a list of at most {limits.max_ndim} sizes")
+        raise WireError(f"tensor {clip(name, 80)}: shape {clip(shape, 80)} is not a list of at most "
+                        f"{limits.max_ndim} sizes")
     numel = math.prod(shape)
     nbytes = numel * _ITEMSIZE[dname]
     buf = memoryview(frame)
     if nbytes > limits.max_message_bytes:
-        raise WireError(f"tensor {name!r}: {nbytes} bytes exceeds the message limit")
+        raise WireError(f"tensor {clip(name, 80)}: {nbytes} bytes exceeds the message limit")
     if buf.nbytes != nbytes:
-        raise WireError(f"tensor {name!r}: frame has {buf.nbytes} bytes, spec needs {nbytes}")
+        raise WireError(f"tensor {clip(name, 80)}: frame has {buf.nbytes} bytes, spec needs {nbytes}")
     dtype = DTYPES[dname]
     if nbytes == 0:
         tensor = torch.empty(shape, dtype=dtype)
@@ -237,7 +257,7 @@ def _decode_tensor(spec: Any, frame: Any, limits: Limits, check_finite: bool) ->
             warnings.simplefilter("ignore", UserWarning)
             tensor = torch.from_numpy(raw).view(dtype).reshape(shape)
     if check_finite and tensor.is_floating_point() and numel and not _all_finite(tensor):
-        raise WireError(f"tensor {name!r} holds NaN or Inf")
+        raise WireError(f"tensor {clip(name, 80)} holds NaN or Inf")
     return name, tensor
 
 
@@ -259,10 +279,12 @@ def check_tensors(tensors: dict[str, torch.Tensor], reference: dict[str, torch.T
     if tensors.keys() != reference.keys():
         missing = sorted(reference.keys() - tensors.keys())[:3]
         extra = sorted(tensors.keys() - reference.keys())[:3]
-        raise WireError(f"tensor names differ from the local model: missing {missing}, unexpected {extra}")
+        raise WireError(f"tensor names differ from the local model: missing {clip(missing, 120)}, unexpected "
+                        f"{clip(extra, 120)}")
     for name, t in tensors.items():
         ref = reference[name]
         if t.shape != ref.shape or t.dtype != ref.dtype:
             raise WireError(
-                f"tensor {name!r} is {t.dtype} {tuple(t.shape)}, the local model has {ref.dtype} {tuple(ref.shape)}"
+                f"tensor {name!r} is {t.dtype} {clip(tuple(t.shape), 60)}, the local model has {ref.dtype} "
+                f"{tuple(ref.shape)}"
             )

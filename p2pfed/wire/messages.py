@@ -1,23 +1,54 @@
 """The protocol's message types and the schema each body must match.
 
 A schema is a small structure read by :func:`check_body`: ``str``, ``int``, ``float`` (finite; ints are
-accepted), ``bool``, ``[spec]`` for a list of items of one spec, ``{key: spec}`` for a map with exactly
-those keys (wrap a spec in :class:`Opt` when the key may be absent), and :class:`AnyMap` for a map of
-short string keys to scalars. Adding a message type is adding one entry to ``SCHEMAS``.
+accepted), ``bool``, :class:`Text`, :class:`Int` and :class:`Num` for bounded values, :class:`OneOf` for one
+of a few strings, :class:`Address` for a ``tcp://HOST:PORT`` a member may be dialled at, ``[spec]`` or
+:class:`Many` for a list of items of one spec, ``{key: spec}`` for a map with exactly those keys (wrap a spec
+in :class:`Opt` when the key may be absent), and :class:`AnyMap` for a map of short string keys to scalars.
+Every number a member acts on has bounds here, so no well-formed message can carry a value that stops a
+task or makes a member wait forever (a heartbeat period of 1e300, a round of 2^31 − 1 for a heartbeat...).
+Adding a message type is adding one entry to ``SCHEMAS``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 MAX_STR = 4096
 MAX_LIST = 100_000
+MAX_NAME = 64  # a member's name and a mesh's name: letters, digits, '-', '_', '.'
+MAX_PEERS_LISTED = 1024  # peers in one gossip, welcome or status message
+NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+ROLES = ("node", "bootstrap", "coordinator")
+STATES = ("joining", "alive", "suspect", "dead", "left")
+MAX_ROUND = (1 << 31) - 1
+MIN_HEARTBEAT, MAX_HEARTBEAT = 0.01, 60.0  # seconds: a member's advertised heartbeat period
 
 
 class SchemaError(ValueError):
     """A body did not match its message type's schema."""
+
+
+def clip(value: Any, limit: int = 200) -> str:
+    """repr(value) cut to about limit characters: what an error message or a log line may echo of input."""
+    text = repr(value) if not isinstance(value, str) else repr(value[: limit + 1])
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(value) if hasattr(value, '__len__') else '?'} long)"
+
+
+def cut(text: str, limit: int = 300) -> str:
+    """Text for a log line or a refusal's reason: control characters escaped, at most about limit characters."""
+    if not text.isprintable():
+        text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+def is_name(value: Any) -> bool:
+    """True for a valid member or mesh name (also the only names log lines may carry unquoted)."""
+    return isinstance(value, str) and NAME.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -34,40 +65,117 @@ class AnyMap:
     max_items: int = 256
 
 
+@dataclass(frozen=True)
+class Text:
+    """A string of at most max_len characters; pattern, if given, must match all of it."""
+
+    max_len: int = MAX_STR
+    pattern: re.Pattern[str] | None = None
+
+
+@dataclass(frozen=True)
+class Int:
+    """An integer in [lo, hi]."""
+
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Num:
+    """A finite number in [lo, hi]."""
+
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """One of a few strings."""
+
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Many:
+    """A list of at most max_items items of one spec."""
+
+    spec: Any
+    max_items: int
+
+
+@dataclass(frozen=True)
+class Address:
+    """tcp://HOST:PORT with a host name, IPv4 or [IPv6] address and a port in 1..65535: what a member
+    dials. Anything else would make the dialling socket raise (one bad entry must never stop a member)."""
+
+    max_len: int = 256
+
+
+LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = re.compile(rf"(?=.{{1,253}}$){LABEL}(\.{LABEL})*")
+
+
+def check_address(value: Any, max_len: int = 256) -> str:
+    """Return the reason value is not a dialable tcp://HOST:PORT address, or "" if it is one."""
+    if not isinstance(value, str) or len(value) > max_len or not value.startswith("tcp://"):
+        return "must be tcp://HOST:PORT"
+    host, sep, port = value[len("tcp://"):].rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return "must be tcp://HOST:PORT with a port in 1..65535"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return "has a bad IPv6 address"
+    elif not HOSTNAME.fullmatch(host):
+        return "has a bad host"
+    return ""
+
+
+NAME_SPEC = Text(MAX_NAME, NAME)
+ROUND = Int(0, MAX_ROUND)
+INCARNATION = Int(0, (1 << 63) - 1)
+PUBKEY = Text(64)  # a CURVE public key in z85 is 40 characters; "" in an unkeyed mesh
+
 PEER = {
-    "name": str,
-    "address": str,
-    "role": str,
-    "incarnation": int,
-    "pubkey": str,
-    "state": str,
-    "age": float,
-    "round": int,
+    "name": NAME_SPEC,
+    "address": Address(),
+    "role": OneOf(ROLES),
+    "incarnation": INCARNATION,
+    "pubkey": PUBKEY,
+    "state": OneOf(STATES),
+    "age": Num(0.0, 1e9),
+    "round": ROUND,
 }
 
 # heartbeat: the sender's heartbeat period in seconds, so members configured with different periods
 # judge each other's silence by the slower of the two (see PeerTable.sweep).
-IDENTITY = {"address": str, "role": str, "incarnation": int, "pubkey": str, "round": int, "heartbeat": float}
+IDENTITY = {"address": Address(), "role": OneOf(ROLES), "incarnation": INCARNATION, "pubkey": PUBKEY,
+            "round": ROUND, "heartbeat": Num(MIN_HEARTBEAT, MAX_HEARTBEAT)}
+PEERS = Many(PEER, MAX_PEERS_LISTED)
+KIND = Text(32)
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     # membership
     "hello": IDENTITY,
-    "welcome": {**IDENTITY, "peers": [PEER]},
+    "welcome": {**IDENTITY, "peers": PEERS},
     "heartbeat": IDENTITY,
-    "gossip": {**IDENTITY, "peers": [PEER]},
+    "gossip": {**IDENTITY, "peers": PEERS},
     "leave": {},
     "status_req": {},
-    "status": {**IDENTITY, "name": str, "peers": [PEER]},
+    "status": {**IDENTITY, "name": NAME_SPEC, "peers": PEERS},
     # delivery
-    "ack": {"ref": str, "ok": bool, "reason": str},
+    "ack": {"ref": Text(64), "ok": bool, "reason": Text(512)},
     # learning: a model (or part of one) as tensors, with what it is for and metadata
-    "model": {"kind": str, "samples": int, "meta": AnyMap()},
-    "request": {"kind": str, "meta": AnyMap()},
-    "scores": {"peers": [str], "values": [float], "meta": AnyMap()},
-    "control": {"kind": str, "meta": AnyMap()},
+    "model": {"kind": KIND, "samples": Int(0, 1 << 40), "meta": AnyMap()},
+    "request": {"kind": KIND, "meta": AnyMap()},
+    "scores": {"peers": Many(NAME_SPEC, MAX_LIST), "values": [float], "meta": AnyMap()},
+    "control": {"kind": KIND, "meta": AnyMap()},
     # a coordinator's task for a node (methods/central.py): candidate models travel as tensors named
     # "<index>/<parameter>"; groups names each candidate's group, names the nodes of scored partial models
-    "task": {"kind": str, "method": str, "groups": [int], "names": [str], "meta": AnyMap()},
+    "task": {"kind": KIND, "method": Text(64), "groups": Many(Int(-1, 1 << 20), MAX_LIST),
+             "names": Many(NAME_SPEC, MAX_LIST), "meta": AnyMap()},
 }
 
 
@@ -79,22 +187,37 @@ def check_body(mtype: str, body: Any) -> None:
 def check_value(value: Any, spec: Any, where: str) -> None:
     """Raise SchemaError unless value matches spec (see the module docstring for the spec language)."""
     if spec is str:
-        if not isinstance(value, str) or len(value) > MAX_STR:
-            raise SchemaError(f"{where} must be a string of at most {MAX_STR} chars")
+        spec = Text()
+    if isinstance(spec, Text):
+        if not isinstance(value, str) or len(value) > spec.max_len:
+            raise SchemaError(f"{where} must be a string of at most {spec.max_len} chars")
+        if spec.pattern is not None and not spec.pattern.fullmatch(value):
+            raise SchemaError(f"{where} must be letters, digits, '-', '_' or '.' (got {clip(value, 80)})")
     elif spec is bool:
         if not isinstance(value, bool):
             raise SchemaError(f"{where} must be a boolean")
-    elif spec is int:
-        if not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 1 << 63:
-            raise SchemaError(f"{where} must be an integer")
-    elif spec is float:
+    elif spec is int or isinstance(spec, Int):
+        lo, hi = (spec.lo, spec.hi) if isinstance(spec, Int) else (-(1 << 63) + 1, (1 << 63) - 1)
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise SchemaError(f"{where} must be an integer in [{lo}, {hi}] (got {clip(value, 40)})")
+    elif spec is float or isinstance(spec, Num):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise SchemaError(f"{where} must be a finite number")
-    elif isinstance(spec, list):
-        if not isinstance(value, list) or len(value) > MAX_LIST:
-            raise SchemaError(f"{where} must be a list of at most {MAX_LIST} items")
-        for i, item in enumerate(value):
-            check_value(item, spec[0], f"{where}[{i}]")
+        if isinstance(spec, Num) and not spec.lo <= value <= spec.hi:
+            raise SchemaError(f"{where} must be in [{spec.lo:g}, {spec.hi:g}] (got {value:g})")
+    elif isinstance(spec, OneOf):
+        if value not in spec.values:
+            raise SchemaError(f"{where} must be one of {', '.join(spec.values)} (got {clip(value, 40)})")
+    elif isinstance(spec, Address):
+        reason = check_address(value, spec.max_len)
+        if reason:
+            raise SchemaError(f"{where} {reason} (got {clip(value, 80)})")
+    elif isinstance(spec, (list, Many)):
+        item, most = (spec[0], MAX_LIST) if isinstance(spec, list) else (spec.spec, spec.max_items)
+        if not isinstance(value, list) or len(value) > most:
+            raise SchemaError(f"{where} must be a list of at most {most} items")
+        for i, v in enumerate(value):
+            check_value(v, item, f"{where}[{i}]")
     elif isinstance(spec, dict):
         if not isinstance(value, dict):
             raise SchemaError(f"{where} must be a map")
@@ -102,7 +225,8 @@ def check_value(value: Any, spec: Any, where: str) -> None:
         missing = required - set(value)
         extra = set(value) - set(spec)
         if missing or extra:
-            raise SchemaError(f"{where} keys: missing {sorted(missing)}, unexpected {sorted(map(str, extra))}")
+            raise SchemaError(f"{where} keys: missing {sorted(missing)}, unexpected "
+                              f"{clip(sorted(map(str, extra))[:5], 120)}")
         for key, item in value.items():
             sub = spec[key]
             check_value(item, sub.spec if isinstance(sub, Opt) else sub, f"{where}.{key}")
@@ -122,6 +246,7 @@ def check_value(value: Any, spec: Any, where: str) -> None:
                 raise SchemaError(f"{where}.{key} must be a scalar")
     else:  # pragma: no cover - a bug in SCHEMAS, not in the input
         raise TypeError(f"bad schema at {where}: {spec!r}")
+
 
 # Messages that never get a reply; every other message is answered (at least with an ack) so that its
 # sender learns it arrived or that it timed out.
