@@ -7,7 +7,12 @@ Delivery rules (DESIGN.md, "no silent loss"):
 - Dealers use ZMQ_IMMEDIATE, so nothing queues towards a peer that is not connected, and sends block
   (awaited, never dropped) at the high-water mark. The ROUTER is ZMQ_ROUTER_MANDATORY, so a reply that
   cannot be routed raises instead of vanishing.
-- ZMQ_MAXMSGSIZE caps what a peer may send; a larger message disconnects that peer.
+- ZMQ_MAXMSGSIZE caps what a peer may send; a larger message disconnects that peer (a socket monitor logs
+  every inbound connection that closes, with the peer's address).
+- Bounded cost per sender: at most ``max_dealers`` outgoing connections (the least recently used idle one
+  is closed for a new one), inbound messages handled at most ``rate`` per second per connection, the
+  receive loop yields to the event loop every few messages so heartbeats keep their period under a
+  flood, and refusals are logged a few lines per sender and window, each echoing at most ~200 characters.
 """
 
 from __future__ import annotations
@@ -15,17 +20,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import typing
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from p2pfed.net import security
-from p2pfed.wire import DEFAULT_LIMITS, NO_REPLY, Limits, Message, WireError, decode, encode, peek_field, peek_sender
+from p2pfed.net.throttle import LogLimiter, RateLimiter
+from p2pfed.wire import (
+    DEFAULT_LIMITS,
+    NO_REPLY,
+    SCHEMAS,
+    Limits,
+    Message,
+    WireError,
+    decode,
+    encode,
+    peek,
+    peek_field,
+    peek_sender,
+)
+from p2pfed.wire.messages import clip, cut
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +55,27 @@ Handler = Callable[[Message], Awaitable[Message | None]]
 
 class DeliveryError(RuntimeError):
     """A request was not acknowledged in time or the receiver refused it."""
+
+
+class BadAddress(DeliveryError):
+    """An address that libzmq cannot dial at all (the peer that advertised it cannot be reached)."""
+
+
+class Refusal(DeliveryError):
+    """The other side said no (a negative ack, or a handshake it refused): reason says why, in its words."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# What a connection's handshake failure means, for the member that tried (libzmq's monitor events).
+_HANDSHAKE: dict[int, str] = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this member's key (not in its allow-list)",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the connection's handshake failed",
+}
+_MISMATCH = ("one side uses CURVE keys and the other does not: a keyed mesh needs --keys on every member, "
+             "an unkeyed one on none")
 
 
 @dataclass(frozen=True)
@@ -46,6 +88,9 @@ class TransportOptions:
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 2000
     socket_buffer_bytes: int = -1  # -1 keeps the kernel's autotuning, which beat fixed sizes on loopback
+    max_dealers: int = 512  # open outgoing connections; the least recently used idle one makes room
+    rate: float = 500.0  # inbound messages handled per second and connection (bursts of 2x): above, dropped
+    yield_every: int = 16  # the receive loop lets other tasks run after this many messages in a row
 
 
 class Transport:
@@ -67,18 +112,27 @@ class Transport:
         self.limits = Limits(**{**limits.__dict__, "max_message_bytes": self.options.max_message_bytes})
         # One context per node: the ZAP allow-list is per context, and nodes of one process may differ.
         self.ctx = zmq.asyncio.Context()
+        # libzmq's default of 1,023 sockets per context is below what the dealer cap may need.
+        self.ctx.setsockopt(zmq.MAX_SOCKETS, self.options.max_dealers + 64)
         self.auth = security.start_authenticator(self.ctx, keys) if keys else None
         self.router: zmq.asyncio.Socket | None = None
         self.address = ""
-        self.dealers: dict[str, zmq.asyncio.Socket] = {}
+        self.dealers: OrderedDict[str, zmq.asyncio.Socket] = OrderedDict()  # least recently used first
+        # When the dealer cap is reached, which connection to close: the member sets this to score addresses
+        # (e.g. when the peer there was last heard from); the lowest-scored idle connection goes.
+        self.keep_scores: Callable[[], dict[str, float]] | None = None
         self.dealer_tasks: dict[str, asyncio.Task[None]] = {}
         self.pending: dict[str, asyncio.Future[Message]] = {}
         self.in_flight: Counter[str] = Counter()  # requests waiting for a reply, by address
+        # address -> (why its handshake failed, whether the other side refused us): watched addresses only
+        self.handshakes: dict[str, tuple[str, bool]] = {}
         self.tasks: list[asyncio.Task[None]] = []
         self.handling: set[asyncio.Task[None]] = set()
         self.bytes_sent = 0
         self.bytes_received = 0
         self.dropped = 0
+        self.refusals = LogLimiter(log)
+        self.inbound = RateLimiter(self.options.rate, 2 * self.options.rate)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def bind(self, address: str) -> str:
@@ -104,7 +158,10 @@ class Transport:
             raise OSError(f"cannot bind {address}: {exc}") from None
         self.router = sock
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.tasks.append(asyncio.get_running_loop().create_task(self._receive_loop(), name=f"{self.name}-recv"))
+        loop = asyncio.get_running_loop()
+        self.tasks.append(loop.create_task(self._receive_loop(), name=f"{self.name}-recv"))
+        self.tasks.append(loop.create_task(self._watch_connections(sock.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)), name=f"{self.name}-monitor"))
         return self.address
 
     async def close(self, linger_ms: int = 0) -> None:
@@ -122,7 +179,7 @@ class Transport:
         self.dealers.clear()
         self.dealer_tasks.clear()
         if self.router is not None:
-            self.router.close(linger=0)
+            self.router.close(linger=0)  # its monitor goes with it (disable_monitor() can block at this point)
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
@@ -131,9 +188,17 @@ class Transport:
     def _dealer(self, address: str, server_key: bytes | None) -> zmq.asyncio.Socket:
         sock = self.dealers.get(address)
         if sock is not None:
+            self.dealers.move_to_end(address)
             return sock
         if self.keys and server_key is None:
             raise DeliveryError(f"no public key known for {address}; a keyed mesh needs one for every peer")
+        if len(self.dealers) >= self.options.max_dealers:
+            idle = [a for a in self.dealers if not self.in_flight.get(a)]
+            if not idle:
+                raise DeliveryError(f"{self.options.max_dealers} connections are busy; not opening one to "
+                                    f"{clip(address, 80)}")
+            scores = self.keep_scores() if self.keep_scores is not None else {}
+            self.forget(min(idle, key=lambda a: scores.get(a, float("-inf"))))  # min: the first of equals (LRU)
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.LINGER, 0)
@@ -145,9 +210,13 @@ class Transport:
         sock.setsockopt(zmq.SNDBUF, self.options.socket_buffer_bytes)
         sock.setsockopt(zmq.RCVBUF, self.options.socket_buffer_bytes)
         sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-        if self.keys and server_key is not None:
-            security.make_client(sock, self.keys, server_key)
-        sock.connect(address)
+        try:
+            if self.keys and server_key is not None:
+                security.make_client(sock, self.keys, server_key)
+            sock.connect(address)
+        except zmq.ZMQError as exc:  # an address libzmq cannot dial: one bad peer, never the caller's task
+            sock.close(linger=0)
+            raise BadAddress(f"cannot connect to {clip(address, 80)}: {exc}") from None
         self.dealers[address] = sock
         self.dealer_tasks[address] = asyncio.get_running_loop().create_task(
             self._dealer_loop(address, sock), name=f"{self.name}-dealer-{address}"
@@ -158,10 +227,41 @@ class Transport:
         """Close the connection to address (a dead peer), freeing its queue."""
         sock = self.dealers.pop(address, None)
         task = self.dealer_tasks.pop(address, None)
-        if task is not None:
-            task.cancel()
+        watch = self.dealer_tasks.pop(f"watch:{address}", None)
+        for t in (task, watch):
+            if t is not None:
+                t.cancel()
         if sock is not None:
             sock.close(linger=0)
+
+    def watch(self, address: str, server_key: bytes | None = None) -> None:
+        """Follow the handshakes of the connection to address, so that a request to it that is not answered
+        says why when the other side told (a refused key, a keyed mesh met without keys): for joins."""
+        sock = self._dealer(address, server_key)
+        if f"watch:{address}" in self.dealer_tasks:
+            return
+        self.handshakes.pop(address, None)
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECT_RETRIED)
+        self.dealer_tasks[f"watch:{address}"] = asyncio.get_running_loop().create_task(
+            self._watch_handshakes(address, monitor), name=f"{self.name}-watch-{address}")
+
+    async def _watch_handshakes(self, address: str, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                event = await recv_monitor_message(monitor)
+                kind, value = int(event["event"]), int(event["value"])
+                if kind == zmq.EVENT_CONNECT_RETRIED:
+                    self.handshakes[address] = ("nothing answers there (connection refused)", False)
+                elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                    mismatch = value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                    self.handshakes[address] = (_MISMATCH if mismatch else
+                                                f"the handshake failed (ZMTP protocol error {value:#x})", mismatch)
+                else:
+                    self.handshakes[address] = (_HANDSHAKE.get(kind, "the handshake failed"),
+                                                kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        finally:
+            monitor.close(linger=0)
 
     def send_nowait(self, address: str, msg: Message, server_key: bytes | None = None) -> bool:
         """Send a small message that needs no reply (heartbeat, gossip); return False if it could not go now."""
@@ -190,6 +290,11 @@ class Transport:
         if msg.type in NO_REPLY:
             raise ValueError(f"{msg.type} messages get no reply; use send_nowait")
         frames = encode(msg)
+        size = sum(memoryview(f).nbytes for f in frames)
+        if size > self.options.max_message_bytes:
+            raise DeliveryError(f"{msg.type} of {size / 2**20:.1f} MB exceeds max_message_mb "
+                                f"({self.options.max_message_bytes / 2**20:.0f} MB): a receiver with the same cap "
+                                "would drop it; raise [mesh] max_message_mb on every member")
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self.pending[msg.id] = fut
         self.in_flight[address] += 1
@@ -200,7 +305,11 @@ class Transport:
                 self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
                 reply = await fut
         except TimeoutError:
-            raise DeliveryError(f"{msg.type} {msg.id[:8]} to {address} not acknowledged within {timeout:g}s") from None
+            what = f"{msg.type} {msg.id[:8]} to {address} not acknowledged within {timeout:g}s"
+            why, refused = self.handshakes.get(address, ("", False))
+            if refused:
+                raise Refusal(f"{what}: {why}", why) from None
+            raise DeliveryError(f"{what}: {why}" if why else what) from None
         except zmq.ZMQError as exc:  # the context is ending
             raise DeliveryError(f"{msg.type} {msg.id[:8]} to {address} failed: {exc}") from None
         except asyncio.CancelledError:
@@ -215,7 +324,8 @@ class Transport:
             if not self.in_flight[address]:
                 del self.in_flight[address]
         if reply.type == "ack" and not reply.body["ok"]:
-            raise DeliveryError(f"{address} refused {msg.type}: {reply.body['reason']}")
+            reason = cut(reply.body["reason"])
+            raise Refusal(f"{address} refused {msg.type}: {reason}", reason)
         return reply
 
     async def _dealer_loop(self, address: str, sock: zmq.asyncio.Socket) -> None:
@@ -225,8 +335,8 @@ class Transport:
                 reply = decode([f.buffer for f in frames], self.limits)
             except WireError as exc:
                 self.dropped += 1
-                log.warning("%s: dropped reply from %s (%s): %s", self.name, peek_sender(frames[0].buffer),
-                            address, exc)
+                self.refusals.warning(address, "%s: dropped reply from %s (%s): %s", self.name,
+                                      peek_sender(frames[0].buffer), address, cut(str(exc)))
                 # The request it answers fails now rather than at its timeout (the reply came and was bad).
                 fut = self.pending.get(peek_field(frames[0].buffer, "id"))
                 if fut is not None and not fut.done():
@@ -240,17 +350,37 @@ class Transport:
     # -- receiving -------------------------------------------------------------------------------
     async def _receive_loop(self) -> None:
         assert self.router is not None
+        in_a_row = 0
         while True:
             frames = await self.router.recv_multipart(copy=False)
+            # A queue of waiting messages is read without ever suspending: let heartbeats and handlers run.
+            in_a_row += 1
+            if in_a_row >= self.options.yield_every:
+                in_a_row = 0
+                await asyncio.sleep(0)
             routing_id, parts = frames[0].bytes, frames[1:]
             self.bytes_received += sum(len(f) for f in parts)
+            origin = str(frames[1].get("Peer-Address") or "?") if len(frames) > 1 else "?"
+            if not self.inbound.allow(routing_id):
+                self.dropped += 1
+                self.refusals.warning(f"flood:{origin}", "%s: dropping messages from a connection at %s: more "
+                                      "than %.0f a second", self.name, origin, self.options.rate)
+                continue
             try:
                 msg = decode([f.buffer for f in parts], self.limits)
             except WireError as exc:
                 self.dropped += 1
-                origin = frames[1].get("Peer-Address") if len(frames) > 1 else "?"
-                sender = peek_sender(parts[0].buffer) if parts else "?"
-                log.warning("%s: dropped message from %s at %s: %s", self.name, sender, origin, exc)
+                seen = peek(parts[0].buffer) if parts else {"sender": "?", "type": "?", "id": "?"}
+                self.refusals.warning(f"{seen['sender']}@{origin}", "%s: dropped %s from %s at %s: %s", self.name,
+                                      "message" if seen["type"] == "?" else seen["type"], seen["sender"], origin,
+                                      cut(str(exc)))
+                if seen["type"] in SCHEMAS and seen["type"] not in NO_REPLY and seen["id"] != "?":
+                    # A request we can tell apart is told why, at once: its sender need not wait for a timeout.
+                    refusal = Message("ack", self.name, id=seen["id"],
+                                      body={"ref": seen["id"], "ok": False, "reason": cut(str(exc))})
+                    task = asyncio.get_running_loop().create_task(self.reply(routing_id, refusal))
+                    self.handling.add(task)
+                    task.add_done_callback(self.handling.discard)
                 continue
             if self.keys is not None:
                 msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
@@ -258,16 +388,35 @@ class Transport:
             self.handling.add(task)
             task.add_done_callback(self.handling.discard)
 
+    async def _watch_connections(self, monitor: zmq.asyncio.Socket) -> None:
+        """Log every inbound connection that closes, with the peer's address: libzmq closes the connection of
+        a peer whose message exceeds max_message_mb without telling anyone else."""
+        peers: dict[int, str] = {}
+        try:
+            while True:
+                event = await recv_monitor_message(monitor)
+                fd = int(event["value"])
+                if event["event"] == zmq.EVENT_ACCEPTED:
+                    peers[fd] = _peer_of(fd)
+                elif event["event"] == zmq.EVENT_DISCONNECTED:
+                    who = peers.pop(fd, "?")
+                    self.refusals.info(f"closed:{who}", "%s: connection from %s closed (the peer left, or sent a "
+                                          "message over the %d MB cap)", self.name, who,
+                                          self.options.max_message_bytes >> 20)
+        finally:
+            monitor.close(linger=0)
+
     async def _handle(self, routing_id: bytes, msg: Message) -> None:
         try:
             reply = await self.handler(msg)
         except WireError as exc:  # the message parsed but broke a rule of its content (e.g. shapes)
             self.dropped += 1
-            log.warning("%s: refused %s from %s: %s", self.name, msg.type, msg.sender, exc)
-            reply = Message("ack", self.name, body={"ref": msg.id, "ok": False, "reason": str(exc)[:500]})
+            reason = cut(str(exc))
+            self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender, reason)
+            reply = Message("ack", self.name, body={"ref": msg.id, "ok": False, "reason": reason})
         except Exception as exc:
             log.exception("%s: handling %s from %s failed", self.name, msg.type, msg.sender)
-            reply = Message("ack", self.name, body={"ref": msg.id, "ok": False, "reason": repr(exc)[:500]})
+            reply = Message("ack", self.name, body={"ref": msg.id, "ok": False, "reason": clip(exc, 300)})
         if msg.type in NO_REPLY:
             return
         if reply is None:
@@ -285,3 +434,13 @@ class Transport:
             self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
         except (zmq.ZMQError, TimeoutError) as exc:
             log.warning("%s: reply %s to a request could not be sent: %s", self.name, reply.type, exc)
+
+
+def _peer_of(fd: int) -> str:
+    """host:port of the remote end of a connected TCP socket, "?" if it cannot be told."""
+    try:
+        with socket.socket(fileno=socket.dup(fd)) as conn:
+            host, port = conn.getpeername()[:2]
+            return f"{host}:{port}"
+    except OSError:
+        return "?"
