@@ -11,7 +11,11 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from p2pfed.net.endpoint import MeshOptions
+    from p2pfed.net.transport import TransportOptions
 
 T = TypeVar("T")
 
@@ -30,16 +34,33 @@ class MeshConfig:
     dead_after: float = 6.0
     request_timeout: float = 30.0
     max_message_mb: int = 1024
+    join_give_up: float = 300.0  # seconds without an answer to its hellos before a member stops trying
+
+    def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:
+        """The options of an endpoint of this mesh: its membership timing and its transport's message cap."""
+        from p2pfed.net.endpoint import MeshOptions
+        from p2pfed.net.transport import TransportOptions
+
+        return (MeshOptions(mesh=self.mesh, heartbeat=self.heartbeat, suspect_after=self.suspect_after,
+                            dead_after=self.dead_after, request_timeout=self.request_timeout,
+                            join_give_up=self.join_give_up),
+                TransportOptions(max_message_bytes=self.max_message_mb << 20))
 
     def validate(self, where: str) -> None:
         """Raise ConfigError for values that cannot work."""
-        _positive(where, "heartbeat", self.heartbeat)
+        from p2pfed.wire.messages import MAX_HEARTBEAT, MIN_HEARTBEAT, is_name
+
+        if not MIN_HEARTBEAT <= self.heartbeat <= MAX_HEARTBEAT:  # what every member accepts from a peer
+            raise ConfigError(f"{where}heartbeat must be in [{MIN_HEARTBEAT:g}, {MAX_HEARTBEAT:g}] seconds "
+                              f"(got {self.heartbeat})")
         _positive(where, "request_timeout", self.request_timeout)
         _positive(where, "max_message_mb", self.max_message_mb)
+        _positive(where, "join_give_up", self.join_give_up)
         if not 1 <= self.suspect_after < self.dead_after:
             raise ConfigError(f"{where}suspect_after must be >= 1 and < dead_after (heartbeat periods)")
-        if not self.mesh or len(self.mesh) > 64 or "/" in self.mesh:
-            raise ConfigError(f"{where}mesh must be a short name without '/' (got {self.mesh!r})")
+        if not is_name(self.mesh):
+            raise ConfigError(f"{where}mesh must be a name of up to 64 letters, digits, '-', '_' or '.' "
+                              f"(got {self.mesh!r})")
 
 
 @dataclass

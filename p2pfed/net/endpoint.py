@@ -5,6 +5,12 @@ responder's peer list. From then on every member heartbeats the peers it knows a
 a few random live peers each period, so a new member reaches everyone within a few periods, and a silent
 one is suspected after ``suspect_after`` and dead after ``dead_after`` heartbeat periods. All of this runs
 on the event loop; the learning code runs in worker threads and never delays a heartbeat.
+
+No message about one peer may stop a member: contact the peer table refuses (a live member's name taken
+from elsewhere, more than ``max_peers`` members) is refused with a log line, a peer whose address cannot be
+dialled is dropped, and the heartbeat loop survives any error of one period. A join that the other side
+refuses for a reason it can tell (another mesh, a key it does not allow, keys on one side only) ends
+after ``join_refusals`` tries with that reason; a join nobody answers ends after ``join_give_up`` seconds.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from urllib.parse import urlparse
 import zmq.auth
 
 from p2pfed.net import security
-from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable
-from p2pfed.net.transport import DeliveryError, Handler, Transport, TransportOptions
+from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
+from p2pfed.net.throttle import LogLimiter
+from p2pfed.net.transport import BadAddress, DeliveryError, Handler, Refusal, Transport, TransportOptions
 from p2pfed.wire import Message, WireError
+from p2pfed.wire.messages import MAX_PEERS_LISTED
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +50,43 @@ class MeshOptions:
     probe_dead_every: float = 5.0  # heartbeat periods between probes of a dead peer (it may be back)
     gossip_fanout: int = 2
     request_timeout: float = 30.0
-    join_timeout: float = 3.0
+    join_timeout: float = 3.0  # seconds to wait for each hello's answer
+    join_give_up: float = 300.0  # seconds of unanswered hellos before the join ends with an error
+    join_refusals: int = 3  # refusals with the same reason before the join ends with it
+    max_peers: int = 1024  # members known at once; more are refused (one log line per sender and window)
+
+
+class JoinError(ConnectionError):
+    """The mesh could not be joined: the reason the other side gave, or that nobody answered."""
+
+
+def _route_ip(host: str) -> str | None:
+    """The local IP of the route towards host (a UDP connect sends nothing; it only picks a route)."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return str(s.getsockname()[0])
+    return None
 
 
 def advertised_address(bound: str, toward: str | None = None) -> str:
-    """The address peers should dial: bound, with a wildcard host replaced by this host's outward IP."""
+    """The address peers should dial: bound, with a wildcard host replaced by the IP of this host's route
+    towards the join address, else of its default route (a bootstrap joins nobody), else of its host name.
+    Loopback while bound to a wildcard is a warning: members on other machines could not reach it."""
     url = urlparse(bound)
     if url.hostname not in ("0.0.0.0", "*", "::", None):
         return bound
-    ip = None
-    if toward:
-        target = urlparse(toward).hostname
-        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((target or "127.0.0.1", 9))  # UDP connect sends nothing; it only picks a route
-            ip = s.getsockname()[0]
+    target = urlparse(toward).hostname if toward else None
+    ip = _route_ip(target) if target else None
+    if ip is None:
+        ip = _route_ip("192.0.2.1")  # TEST-NET-1: never on a local link, so its route is the default route
     if ip is None:
         try:
             ip = socket.gethostbyname(socket.gethostname())
         except OSError:
             ip = "127.0.0.1"
+    if ip.startswith("127.") and not (target or "").startswith("127."):
+        log.warning("bound to %s but the only address found for this host is %s: members on other machines "
+                    "cannot reach it; pass --advertise tcp://HOST:%s", bound, ip, url.port)
     return f"tcp://{ip}:{url.port}"
 
 
@@ -86,17 +112,24 @@ class Endpoint:
         self.round = 0
         hb = self.options.heartbeat
         self.peers = PeerTable(
-            me=name, suspect_after=self.options.suspect_after * hb, dead_after=self.options.dead_after * hb, period=hb
+            me=name, suspect_after=self.options.suspect_after * hb, dead_after=self.options.dead_after * hb, period=hb,
+            max_peers=self.options.max_peers,
         )
         self.handlers: dict[str, Handler] = {}
         self.on_change: list[Callable[[Change], None]] = []
         self.changed = asyncio.Event()
         self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options)
+        # At the connection cap, keep the connections to the peers heard from most recently.
+        self.transport.keep_scores = lambda: {p.address: p.last_seen for p in self.peers.peers.values()}
         self.address = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.joined = asyncio.Event()
+        self.join_error: JoinError | None = None  # set when the join ended without a welcome
+        self._last_join_problem = ""
+        self.join_ended = asyncio.Event()  # a welcome came, or the join gave up
         self.stopped = False
         self._last_probe: dict[str, float] = {}
+        self.complaints = LogLimiter(log)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, bind: str, join: list[str] | None = None, advertise: str | None = None) -> None:
@@ -112,6 +145,7 @@ class Endpoint:
             self.tasks.append(loop.create_task(self._join_loop(join), name=f"{self.name}-join"))
         else:
             self.joined.set()
+            self.join_ended.set()
         for task in self.tasks:
             task.add_done_callback(self._report_crash)
 
@@ -121,9 +155,16 @@ class Endpoint:
             log.error("%s: task %s crashed", self.name, task.get_name(), exc_info=task.exception())
 
     async def wait_joined(self, timeout: float) -> None:
-        """Wait until a join address has answered; raise TimeoutError otherwise."""
-        async with asyncio.timeout(timeout):
-            await self.joined.wait()
+        """Wait until a join address has welcomed this member; raise JoinError if the join failed or did not
+        succeed within timeout seconds, saying why."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.join_ended.wait()
+        except TimeoutError:
+            raise JoinError(f"{self.name} could not join mesh {self.options.mesh!r} within {timeout:g} s: "
+                            f"{self._last_join_problem or 'no answer'}") from None
+        if self.join_error is not None:
+            raise self.join_error
 
     async def stop(self, leave: bool = True) -> None:
         """Say goodbye to live peers (unless leave is False, as in a simulated crash) and close."""
@@ -157,26 +198,48 @@ class Endpoint:
     def _server_key(self, peer: Peer) -> bytes | None:
         if not self.keys:
             return None
-        key = peer.pubkey.encode()
-        if key not in self.keys.allowed:
-            raise DeliveryError(f"{peer.name} has a public key that is not in the allow-list")
+        key = self.keys.key_of(peer.name)
+        if key is None or key != peer.pubkey.encode():
+            raise DeliveryError(f"{peer.name}'s public key is not the one allowed as {peer.name}.key")
         return key
 
     def _send(self, peer: Peer, mtype: str, body: dict[str, Any]) -> bool:
         try:
-            key = self._server_key(peer)
-        except DeliveryError:
-            return False
-        return self.transport.send_nowait(peer.address, self.message(mtype, body), key)
+            return self.transport.send_nowait(peer.address, self.message(mtype, body), self._server_key(peer))
+        except DeliveryError as exc:
+            if not isinstance(exc, BadAddress):
+                return False  # not now (no key for it, connections busy): the next period tries again
+            problem: Exception = exc
+        except Exception as exc:  # anything else about this one peer: drop it, never the caller's loop
+            problem = exc
+        self.complaints.warning(peer.name, "%s: dropping peer %s: %s", self.name, peer.name, problem)
+        self.peers.peers.pop(peer.name, None)
+        self.transport.forget(peer.address)
+        return False
 
     async def request(self, peer_name: str, msg: Message, timeout: float | None = None) -> Message:
-        """Send msg to a peer by name and wait for its reply (ack); raise DeliveryError if it does not come."""
+        """Send msg to a peer by name and wait for its reply (ack); raise DeliveryError if it does not come,
+        at once when the mesh declares the peer dead, gone or restarted meanwhile (not at the timeout)."""
         peer = self.peers.peers.get(peer_name)
         if peer is None or peer.state in (DEAD, LEFT):
             raise DeliveryError(f"{peer_name} is not a live peer")
-        return await self.transport.request(
-            peer.address, msg, timeout or self.options.request_timeout, self._server_key(peer)
-        )
+        incarnation = peer.incarnation
+        request = asyncio.ensure_future(self.transport.request(
+            peer.address, msg, timeout or self.options.request_timeout, self._server_key(peer)))
+        try:
+            while not request.done():
+                changed = asyncio.ensure_future(self.changed.wait())
+                try:
+                    await asyncio.wait([request, changed], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                now = self.peers.peers.get(peer_name)
+                if not request.done() and (now is None or now.state in (DEAD, LEFT) or now.incarnation != incarnation):
+                    state = "gone" if now is None else now.state if now.incarnation == incarnation else "restarted"
+                    raise DeliveryError(f"{msg.type} to {peer_name} not delivered: {peer_name} is {state}")
+            return request.result()
+        finally:
+            request.cancel()
 
     def _join_server_key(self) -> bytes | None:
         if not self.keys:
@@ -196,30 +259,53 @@ class Endpoint:
     async def _join_loop(self, addresses: list[str]) -> None:
         delay = 0.5
         key = self._join_server_key()
-        while not self.joined.is_set():
-            for address in addresses:
-                hello = self.message("hello", self.identity())
-                try:
-                    reply = await self.transport.request(address, hello, self.options.join_timeout, key)
-                except DeliveryError as exc:
-                    log.info("%s: join through %s not answered yet (%s); retrying", self.name, address, exc)
-                    self.transport.forget(address)
-                    continue
-                if reply.type != "welcome":
-                    log.warning("%s: %s answered hello with %s, not welcome", self.name, address, reply.type)
-                    continue
-                self._heard(reply)
-                self.learn(reply.body["peers"])
-                log.info("%s: joined mesh %s through %s (%s), %d peers known", self.name, self.options.mesh,
-                         address, reply.sender, len(self.peers.live()) + len(self.peers.by_state(JOINING)))
-                self.joined.set()
-                # The dealer to the join address is now also the dealer of a named peer only if the
-                # addresses match; otherwise drop it so it does not linger.
-                if address not in {p.address for p in self.peers.peers.values()}:
-                    self.transport.forget(address)
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        give_up = time.monotonic() + self.options.join_give_up
+        refusals: dict[str, int] = {}
+        try:
+            while not self.joined.is_set():
+                for address in addresses:
+                    hello = self.message("hello", self.identity())
+                    self.transport.watch(address, key)
+                    try:
+                        reply = await self.transport.request(address, hello, self.options.join_timeout, key)
+                    except Refusal as exc:  # the other side told why: it will not change by retrying for long
+                        self._last_join_problem = f"{address}: {exc.reason}"
+                        self.transport.forget(address)
+                        refusals[exc.reason] = refusals.get(exc.reason, 0) + 1
+                        log.warning("%s: join through %s refused: %s", self.name, address, exc.reason)
+                        if refusals[exc.reason] >= self.options.join_refusals:
+                            raise JoinError(f"{self.name} could not join mesh {self.options.mesh!r} through "
+                                            f"{address}: {exc.reason}") from None
+                        continue
+                    except DeliveryError as exc:
+                        self._last_join_problem = str(exc)
+                        self.transport.forget(address)
+                        log.info("%s: join through %s not answered yet (%s); retrying", self.name, address, exc)
+                        continue
+                    if reply.type != "welcome":
+                        log.warning("%s: %s answered hello with %s, not welcome", self.name, address, reply.type)
+                        continue
+                    self._heard(reply)
+                    self.learn(reply.body["peers"])
+                    log.info("%s: joined mesh %s through %s (%s), %d peers known", self.name, self.options.mesh,
+                             address, reply.sender, len(self.peers.live()) + len(self.peers.by_state(JOINING)))
+                    self.joined.set()
+                    # The dealer to the join address is now also the dealer of a named peer only if the
+                    # addresses match; otherwise drop it so it does not linger.
+                    if address not in {p.address for p in self.peers.peers.values()}:
+                        self.transport.forget(address)
+                    return
+                if time.monotonic() >= give_up:
+                    raise JoinError(f"{self.name} could not join mesh {self.options.mesh!r}: no answer from "
+                                    f"{', '.join(addresses)} in {self.options.join_give_up:g} s "
+                                    f"({self._last_join_problem or 'no answer'})")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        except JoinError as exc:
+            self.join_error = exc
+            log.error("%s", exc)
+        finally:
+            self.join_ended.set()
 
     async def _heartbeat_loop(self) -> None:
         period = self.options.heartbeat
@@ -228,38 +314,50 @@ class Endpoint:
             before = time.monotonic()
             await asyncio.sleep(pause)
             now = time.monotonic()
-            lag = now - before - pause
-            if lag > 0.5 * period:
-                # This loop was not listening (a stall of our own): peers' heartbeats may be waiting in the
-                # socket, so do not count the stall as their silence.
-                for peer in self.peers.peers.values():
-                    peer.last_seen = min(now, peer.last_seen + lag)
-            for change in self.peers.sweep():
-                self._changed(change)
-            for peer in self.peers.by_state(ALIVE, SUSPECT, JOINING):
+            try:
+                self._beat(now, now - before - pause)
+            except Exception:  # one period's error (a bug, a peer's odd entry) must not end the heartbeats
+                log.exception("%s: heartbeat period failed; carrying on", self.name)
+
+    def _beat(self, now: float, lag: float) -> None:
+        """One heartbeat period: sweep the table, heartbeat and probe peers, gossip, close stale connections."""
+        period = self.options.heartbeat
+        if lag > 0.5 * period:
+            # This loop was not listening (a stall of our own): peers' heartbeats may be waiting in the
+            # socket, so do not count the stall as their silence.
+            for peer in self.peers.peers.values():
+                peer.last_seen = min(now, peer.last_seen + lag)
+        for change in self.peers.sweep():
+            self._changed(change)
+        for peer in self.peers.by_state(ALIVE, SUSPECT, JOINING):
+            self._send(peer, "heartbeat", self.identity())
+        for peer in self.peers.by_state(DEAD):
+            # A dead peer may only have been cut off: probe it now and then so a healed partition heals.
+            if now - self._last_probe.get(peer.name, 0.0) > self.options.probe_dead_every * period:
+                self._last_probe[peer.name] = now
                 self._send(peer, "heartbeat", self.identity())
-            for peer in self.peers.by_state(DEAD):
-                # A dead peer may only have been cut off: probe it now and then so a healed partition heals.
-                if now - self._last_probe.get(peer.name, 0.0) > self.options.probe_dead_every * period:
-                    self._last_probe[peer.name] = now
-                    self._send(peer, "heartbeat", self.identity())
-            live = self.peers.live()
-            if live:
-                gossip = {**self.identity(), "peers": [p for p in self.peers.snapshot()
-                                                       if p["state"] in (ALIVE, SUSPECT)]}
-                for peer in random.sample(live, min(self.options.gossip_fanout, len(live))):
-                    self._send(peer, "gossip", gossip)
-            for address in set(self.transport.dealers) - {p.address for p in self.peers.peers.values()}:
-                if not self.transport.in_flight.get(address):  # e.g. a join request still waiting
-                    self.transport.forget(address)  # connections of forgotten peers
+        for name in set(self._last_probe) - set(self.peers.peers):
+            del self._last_probe[name]
+        live = self.peers.live()
+        if live:
+            gossip = {**self.identity(), "peers": [p for p in self.peers.snapshot()
+                                                   if p["state"] in (ALIVE, SUSPECT)][:MAX_PEERS_LISTED]}
+            for peer in random.sample(live, min(self.options.gossip_fanout, len(live))):
+                self._send(peer, "gossip", gossip)
+        for address in set(self.transport.dealers) - {p.address for p in self.peers.peers.values()}:
+            if not self.transport.in_flight.get(address):  # e.g. a join request still waiting
+                self.transport.forget(address)  # connections of forgotten peers
 
     # -- receiving -------------------------------------------------------------------------------
     def _heard(self, msg: Message) -> None:
         body = msg.body
         old = self.peers.peers.get(msg.sender)
         old_address = old.address if old else None
-        change = self.peers.heard_from(msg.sender, body["address"], body["role"], body["incarnation"],
-                                       body["pubkey"], body["round"], body["heartbeat"])
+        try:
+            change = self.peers.heard_from(msg.sender, body["address"], body["role"], body["incarnation"],
+                                           body["pubkey"], body["round"], body["heartbeat"])
+        except Refused as exc:
+            raise WireError(str(exc)) from None
         if old_address and old_address != body["address"]:
             self.transport.forget(old_address)
         if change and change.old in (None, JOINING, DEAD, LEFT) and msg.type != "hello":
@@ -276,8 +374,8 @@ class Endpoint:
     def learn(self, peers: list[dict[str, Any]]) -> None:
         """Take peers heard of from gossip or discovery; new ones are introduced to at once."""
         for info in peers:
-            if self.keys and info["pubkey"].encode() not in self.keys.allowed:
-                continue  # never dial a member whose key we would not accept
+            if self.keys and self.keys.key_of(info["name"]) != info["pubkey"].encode():
+                continue  # never dial a member whose key we would not accept as that member
             if self.peers.learned_of(info):
                 log.debug("%s: learned of %s at %s", self.name, info["name"], info["address"])
                 self._send(self.peers.peers[info["name"]], "heartbeat", self.identity())  # introduce now
@@ -292,20 +390,16 @@ class Endpoint:
         self.changed = asyncio.Event()
 
     def _check_key(self, msg: Message) -> None:
-        """In a keyed mesh, a sender is who its key says: the name it claims must go with the public key
-        its connection authenticated with (any allowed key could otherwise speak for another member)."""
+        """In a keyed mesh, a sender is who its key says: the name it claims must be the name its key is
+        allowed as (allowed/NAME.key), alive or dead, so no allowed key can speak for another member."""
         if self.keys is None or msg.type == "status_req":
             return
-        if msg.type in ("hello", "heartbeat", "gossip"):
-            claimed = msg.body["pubkey"]
-        else:
-            peer = self.peers.peers.get(msg.sender)
-            claimed = peer.pubkey if peer is not None else ""
-        if not msg.key or claimed != msg.key:
-            raise WireError(f"{msg.sender} sent {msg.type} with a key that is not {msg.sender}'s")
-        peer = self.peers.peers.get(msg.sender)
-        if peer is not None and peer.pubkey and peer.pubkey != msg.key and peer.state in (ALIVE, SUSPECT):
-            raise WireError(f"{msg.sender} is alive with another key; refusing an impostor")
+        expected = self.keys.key_of(msg.sender)
+        if expected is None or not msg.key or msg.key != expected.decode():
+            raise WireError(f"{msg.sender} sent {msg.type} with a key that is not {msg.sender}'s "
+                            f"(allowed/{msg.sender}.key)")
+        if msg.type in ("hello", "heartbeat", "gossip") and msg.body["pubkey"] != msg.key:
+            raise WireError(f"{msg.sender} advertises a public key other than the one it connected with")
 
     async def _dispatch(self, msg: Message) -> Message | None:
         if msg.mesh != self.options.mesh:
@@ -326,9 +420,9 @@ class Endpoint:
             return None
         if mtype == "status_req":
             return self.message("status", {**self.identity(), "name": self.name, "peers": self.peers.snapshot()})
-        peer = self.peers.peers.get(msg.sender)
-        if peer is not None and peer.state in (ALIVE, SUSPECT):
-            peer.last_seen = time.monotonic()
+        change = self.peers.touched(msg.sender)
+        if change:
+            self._changed(change)
         handler = self.handlers.get(mtype)
         if handler is None:
             raise WireError(f"{self.role} {self.name} does not take {mtype} messages")

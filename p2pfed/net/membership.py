@@ -2,7 +2,10 @@
 
 Pure bookkeeping, no sockets. Liveness comes only from direct contact (a message from the peer itself);
 gossip only introduces peers, so stale gossip can never revive a dead peer. Each process start has a new
-incarnation number, so a node that restarts with the same name replaces its old entry.
+incarnation number (its start time in ns), so a node that restarts with the same name replaces its old
+entry, but a name that is alive at one address cannot be taken from another (a restart on another address
+is taken once the old process is silent), and an incarnation from the future is refused. At most
+``max_peers`` members are known: a new name beyond that replaces a long-dead one or is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ from typing import Any
 
 JOINING, ALIVE, SUSPECT, DEAD, LEFT = "joining", "alive", "suspect", "dead", "left"
 LIVE_STATES = frozenset({ALIVE, SUSPECT})
+MAX_FUTURE_NS = 24 * 3600 * 10**9  # an incarnation (a start time) more than a day ahead of our clock is made up
+MAX_PERIOD_RATIO = 10.0  # a peer's slower heartbeat stretches our patience at most this much
+
+
+class Refused(ValueError):
+    """Contact from a peer that this table will not take (the message is refused, the table unchanged)."""
 
 
 @dataclass
@@ -63,22 +72,42 @@ class PeerTable:
     dead_after: float = 6.0
     forget_after: float = 600.0
     period: float = 1.0  # this member's heartbeat period; suspect_after and dead_after were set for it
+    max_peers: int = 1024
     clock: Callable[[], float] = time.monotonic
+    wall_ns: Callable[[], int] = time.time_ns
     peers: dict[str, Peer] = field(default_factory=dict)
+
+    def _room_for(self, name: str) -> bool:
+        """True if name is known or may be added (making room by forgetting the longest-dead peer)."""
+        if name in self.peers or len(self.peers) < self.max_peers:
+            return True
+        gone = [p for p in self.peers.values() if p.state in (DEAD, LEFT)]
+        if not gone:
+            return False
+        del self.peers[min(gone, key=lambda p: p.dead_since or 0.0).name]
+        return True
 
     def heard_from(
         self, name: str, address: str, role: str, incarnation: int, pubkey: str, round_: int, period: float = 0.0
     ) -> Change | None:
-        """Record direct contact from a peer; return the state change it caused, if any."""
+        """Record direct contact from a peer; return the state change it caused, if any. Raise Refused for
+        contact that would take a live member's name, come from the future, or exceed max_peers."""
         if name == self.me:
             return None
+        if incarnation > self.wall_ns() + MAX_FUTURE_NS:
+            raise Refused(f"{name} claims an incarnation (start time) more than a day in the future")
         now = self.clock()
         peer = self.peers.get(name)
         if peer is None:
+            if not self._room_for(name):
+                raise Refused(f"{self.max_peers} members are known and alive; not taking {name}")
             self.peers[name] = Peer(name, address, role, incarnation, pubkey, ALIVE, now, round_, period=period)
             return Change(name, None, ALIVE)
         if incarnation < peer.incarnation:
             return None  # a message of a process that has since restarted
+        if incarnation > peer.incarnation and peer.state == ALIVE and address != peer.address:
+            raise Refused(f"{name} is alive at {peer.address}; a new process of that name elsewhere is taken "
+                          "once the old one falls silent")
         restarted = incarnation > peer.incarnation and peer.incarnation != 0
         old = peer.state
         peer.address, peer.role, peer.incarnation, peer.pubkey = address, role, incarnation, pubkey
@@ -87,6 +116,18 @@ class PeerTable:
         if restarted:
             return Change(name, old, "rejoined")
         return Change(name, old, ALIVE) if old != ALIVE else None
+
+    def touched(self, name: str) -> Change | None:
+        """Direct contact other than a heartbeat (a model, a request): a known peer that is not dead or gone is
+        alive (one introduced by gossip may send its first model before its first heartbeat arrives)."""
+        peer = self.peers.get(name)
+        if peer is None or peer.state in (DEAD, LEFT):
+            return None
+        peer.last_seen = self.clock()
+        if peer.state == ALIVE:
+            return None
+        old, peer.state = peer.state, ALIVE
+        return Change(name, old, ALIVE)
 
     def learned_of(self, info: dict[str, Any]) -> bool:
         """Take a peer from gossip; return True if it is new (or a newer incarnation) and should be contacted."""
@@ -98,6 +139,8 @@ class PeerTable:
             return False
         if peer is not None and peer.state in LIVE_STATES:
             return False  # we hear from it ourselves; our own contact decides
+        if info["incarnation"] > self.wall_ns() + MAX_FUTURE_NS or not self._room_for(name):
+            return False
         self.peers[name] = Peer(
             name, info["address"], info["role"], info["incarnation"], info["pubkey"], JOINING, self.clock(),
             info["round"],
@@ -129,7 +172,7 @@ class PeerTable:
         for name, peer in list(self.peers.items()):
             # A peer that heartbeats more slowly than we do is judged by its own period: otherwise a node
             # configured for fast failure detection would flap on every member left at the default.
-            silent = (now - peer.last_seen) / max(1.0, peer.period / self.period)
+            silent = (now - peer.last_seen) / min(MAX_PERIOD_RATIO, max(1.0, peer.period / self.period))
             if peer.state == ALIVE and silent > self.suspect_after:
                 peer.state = SUSPECT
                 changes.append(Change(name, ALIVE, SUSPECT))

@@ -1,10 +1,16 @@
-"""CURVE key pairs and the allow-list of peers a keyed mesh accepts."""
+"""CURVE key pairs and the allow-list of peers a keyed mesh accepts.
+
+The allow-list is a folder of public keys, one file per member: ``allowed/NAME.key`` is the key of the
+member called NAME, and the only key that may speak for NAME. So a name is bound to one key for good: no
+allowed key can take another member's name, alive or dead, and a member's name and key file go together
+(``p2pfed keys generate DIR --name NAME`` writes both).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -18,12 +24,17 @@ ALLOWED_DIR = "allowed"
 
 @dataclass(frozen=True)
 class Keys:
-    """A node's own CURVE key pair (z85 bytes) and the folder of public keys it accepts."""
+    """A node's own CURVE key pair (z85 bytes) and the folder of public keys it accepts, by member name."""
 
     public: bytes
     secret: bytes
     allowed_dir: Path
     allowed: frozenset[bytes]
+    names: dict[str, bytes] = field(default_factory=dict)  # member name (key file name) -> its public key
+
+    def key_of(self, name: str) -> bytes | None:
+        """The public key that may speak for member name, None if name is not in the allow-list."""
+        return self.names.get(name)
 
     def server_key_for(self, name: str) -> bytes | None:
         """Public key of an allowed peer by its key file's name (e.g. 'bootstrap'), if present."""
@@ -65,11 +76,24 @@ def load_keys(directory: Path, allowed_dir: Path | None = None) -> Keys:
     allowed_dir = allowed_dir or directory / ALLOWED_DIR
     if not allowed_dir.is_dir():
         raise ValueError(f"{allowed_dir}: allow-list folder of peers' public keys not found")
-    allowed = frozenset(zmq.auth.load_certificate(str(p))[0] for p in sorted(allowed_dir.glob("*.key")))
-    if public not in allowed:
+    names: dict[str, bytes] = {}
+    for path in sorted(allowed_dir.glob("*.key")):
+        key = zmq.auth.load_certificate(str(path))[0]
+        other = next((n for n, k in names.items() if k == key), None)
+        if other is not None:
+            raise ValueError(f"{allowed_dir}: {other}.key and {path.name} hold the same public key; a key may "
+                             "speak for one name only")
+        names[path.stem] = key
+    if public not in names.values():
         log.warning("own public key is not in %s; peers with the same allow-list will refuse this node",
                     allowed_dir)
-    return Keys(public=public, secret=secret, allowed_dir=allowed_dir, allowed=allowed)
+    return Keys(public=public, secret=secret, allowed_dir=allowed_dir, allowed=frozenset(names.values()),
+                names=names)
+
+
+def own_name(keys: Keys) -> str | None:
+    """The member name this node's own key is allowed as (its key file's name), if it is in the allow-list."""
+    return next((n for n, k in keys.names.items() if k == keys.public), None)
 
 
 def start_authenticator(ctx: zmq.asyncio.Context, keys: Keys) -> AsyncioAuthenticator:
