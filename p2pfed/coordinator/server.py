@@ -32,7 +32,7 @@ from p2pfed.learn.train import state_of
 from p2pfed.methods import make_server
 from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
-from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT
+from p2pfed.net.membership import ALIVE, SUSPECT
 from p2pfed.net.transport import DeliveryError
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
@@ -100,25 +100,12 @@ class Coordinator:
             body = {"kind": task.kind, "method": self.method_name, "groups": task.groups, "names": task.names,
                     "meta": {**task.meta, "shared": task.shared}}
             msg = self.endpoint.message("task", body, pack(task.models, task.aux))
-            request = asyncio.ensure_future(self.endpoint.request(node, msg, deadline))
             try:
-                # Wait for the answer, but not for a node the mesh has since declared dead or gone.
-                while not request.done():
-                    changed = asyncio.ensure_future(self.endpoint.changed.wait())
-                    try:
-                        await asyncio.wait([request, changed], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        changed.cancel()
-                    peer = self.endpoint.peers.peers.get(node)
-                    if not request.done() and (peer is None or peer.state in (DEAD, LEFT)):
-                        request.cancel()
-                        raise DeliveryError(f"{node} is {peer.state if peer else 'gone'}")
-                return node, self._read(task, request.result())
+                # The request fails at once if the mesh declares the node dead or gone meanwhile.
+                return node, self._read(task, await self.endpoint.request(node, msg, deadline))
             except (DeliveryError, WireError) as exc:
                 log.warning("coordinator: round %d: %s from %s: %s", self.round, task.kind, node, exc)
                 return node, None
-            finally:
-                request.cancel()
 
         answers = await asyncio.gather(*(one(n) for n in nodes))
         return {n: a for n, a in answers if a is not None}

@@ -72,6 +72,11 @@ class Method:
         """Peers this node sends its model to in round rnd."""
         return self.sources(rnd)
 
+    def accepts(self, kind: str, sender: str, rnd: int) -> bool:
+        """Whether this node takes a model of kind pushed by sender for round rnd: by default the round's
+        models of the peers it averages with (anything else is refused, so nobody can fill its inbox)."""
+        return kind == "model" and sender in self.sources(rnd)
+
     def must_participate(self, rnd: int) -> bool:
         """True when this node trains in rnd whatever the participation sampling says."""
         return False

@@ -46,6 +46,12 @@ class PFedLIAP2P(Method):
             return set(self.node.live_peers())
         return self.choosers & set(self.node.live_peers())
 
+    def accepts(self, kind: str, sender: str, rnd: int) -> bool:
+        """Partial models only in the influence phase (round W, before choosing), from live peers."""
+        if kind == "partial":
+            return self.chosen is None and rnd == self.cfg.warmup_rounds and sender in self.node.live_peers()
+        return super().accepts(kind, sender, rnd)
+
     def on_choices(self, sender: str, chosen: list[str]) -> None:
         """A peer announced its choice; if it chose this node, send it this node's models from now on."""
         if self.node.name in chosen:

@@ -4,6 +4,12 @@ One round, top to bottom (``run_round``): the method's pre-round work → train 
 part → send the model to the method's subscribers → collect the sources' models until they are all in
 (dead peers excused) or the deadline passes → FedAvg by sample count → evaluate → record → checkpoint.
 Training, scoring and evaluation run in worker threads; the event loop keeps answering heartbeats.
+
+What peers say is checked before it is believed: a model is taken only if its method expects that kind
+from that sender for that round (``Method.accepts``), for a round from the current one to ``AHEAD``
+rounds ahead, once per sender; and a node skips rounds to catch up only to a round that a quorum of the
+peers it averages with report (one heartbeat can claim any round), never past the scenario's last round,
+and records the skip.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ from p2pfed.node.local_data import local_data
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError, check_tensors
+from p2pfed.wire.messages import cut
 
 log = logging.getLogger(__name__)
 
-MODEL_KINDS = ("model", "partial", "w0")
+# How far ahead of this node's round a peer's model may be, and be kept for later: a peer that does not
+# wait for this node (it did not choose it) runs ahead; beyond this, this node catches up instead.
+AHEAD = 8
 
 
 class LearningNode:
@@ -127,7 +136,11 @@ class LearningNode:
         deadline = time.monotonic() + (timeout or self.cfg.round_timeout)
         while True:
             got = self.inbox.get((kind, rnd), {})
-            waiting = (expected - set(got)) & set(self.live_peers())
+            # A peer already past this round has sent this node what it had for it (a sender moves on only
+            # once its sends are acknowledged): what has not come will not (e.g. it went to this node's
+            # process before a restart). Waiting for it would only hold both sides one round apart.
+            moved_on = {p.name for p in self.endpoint.peers.peers.values() if p.round > rnd}
+            waiting = (expected - set(got)) & set(self.live_peers()) - moved_on
             if not waiting or time.monotonic() >= deadline:
                 break
             arrivals, changed = self.arrivals, self.endpoint.changed
@@ -181,11 +194,12 @@ class LearningNode:
     # -- handlers (every received message is validated before it is used) ------------------------
     async def _on_model(self, msg: Message) -> Message | None:
         kind = msg.body["kind"]
-        if kind not in MODEL_KINDS:
-            raise WireError(f"unknown model kind {kind!r}")
+        self._check_expected(msg, kind)
         check_tensors(msg.tensors, self.reference)
         if msg.body["samples"] <= 0:
             raise WireError("a model needs a positive sample count")
+        if msg.round < self.round:
+            return None  # a straggler's model of a round this node has finished: of no use any more
         # The tensors are read-only views of the received frames (no copy): averaging and load_state_dict
         # read them, nothing writes to them.
         self.inbox.setdefault((kind, msg.round), {})[msg.sender] = {"state": msg.tensors,
@@ -193,6 +207,17 @@ class LearningNode:
         self.arrivals.set()
         self.arrivals = asyncio.Event()
         return None
+
+    def _check_expected(self, msg: Message, kind: str) -> None:
+        """Refuse what this node's method does not expect: the kind from this sender for this round, a round
+        outside [current, current + AHEAD], or a second message of the kind from the sender for the round."""
+        if msg.round > self.round + AHEAD:
+            raise WireError(f"{kind} for round {msg.round} is beyond this node's rounds {self.round}.."
+                            f"{self.round + AHEAD}")
+        if not self.method.accepts(kind, msg.sender, msg.round):
+            raise WireError(f"{self.name} does not expect a {cut(kind, 40)} from {msg.sender} in round {msg.round}")
+        if msg.sender in self.inbox.get((kind, msg.round), {}):
+            raise WireError(f"{self.name} already has {msg.sender}'s {kind} of round {msg.round}")
 
     async def _on_request(self, msg: Message) -> Message | None:
         kind = msg.body["kind"]
@@ -204,6 +229,8 @@ class LearningNode:
     async def _on_scores(self, msg: Message) -> Message | None:
         if len(msg.body["peers"]) != len(msg.body["values"]):
             raise WireError("scores: peers and values differ in length")
+        if msg.sender not in self.endpoint.peers.peers:
+            raise WireError(f"{msg.sender} is not a member {self.name} knows")
         on_choices = getattr(self.method, "on_choices", None)
         if on_choices is not None:
             on_choices(msg.sender, msg.body["peers"])
@@ -219,24 +246,19 @@ class LearningNode:
         if resumed is not None:
             start_round = max(start_round, resumed + 1)
         deadline = time.monotonic() + start_timeout
-        while self.peers_seen() < wait_for_peers and time.monotonic() < deadline:
+        # A restarted node does not wait for the run to start: the others have (some may have finished).
+        while resumed is None and self.peers_seen() < wait_for_peers and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         if start_round > 0:
-            # A late (or restarted) node first hears from the members its join introduced to it.
-            while time.monotonic() < deadline and (
-                    not self.peers_seen() or any(p.state == JOINING for p in self.endpoint.peers.peers.values())):
+            # A late (or restarted) node first hears from the members its join introduced to it (those that
+            # have left since fall silent and are declared dead within a few heartbeats).
+            while time.monotonic() < deadline and any(p.state == JOINING for p in self.endpoint.peers.peers.values()):
                 await asyncio.sleep(0.1)
-        if start_round > 0 and resumed is None:
-            # A late joiner starts at the mesh's current round.
-            rounds = [p.round for p in self.endpoint.peers.peers.values() if p.name in self.live_peers()]
-            start_round = max([start_round, *rounds])
         rnd = start_round
+        if start_round > 0 and resumed is None:  # a late joiner starts at the mesh's round (not a skip)
+            rnd = max(start_round, min(self.mesh_round(start_round), self.scenario.rounds - 1))
         while rnd < self.scenario.rounds:
-            ahead = self.mesh_round(self.method.sources(rnd))
-            if ahead >= rnd + 2:  # a straggler (or a restarted node) catches up instead of timing out
-                log.info("%s: catching up from round %d to the mesh's round %d", self.name, rnd, ahead)
-                rnd = ahead
-            await self.run_round(rnd)
+            rnd = await self.run_round(self.catch_up(rnd, rnd + 2))
             rnd += 1
         self.record("final", **self.final_metrics())
 
@@ -244,25 +266,42 @@ class LearningNode:
         """Learning peers this node has heard from directly (even if they have since finished and left)."""
         return sum(1 for p in self.endpoint.peers.peers.values() if p.role == "node" and p.state != JOINING)
 
-    def mesh_round(self, among: set[str]) -> int:
-        """The highest round that the live peers among these report in their heartbeats.
+    def mesh_round(self, rnd: int) -> int:
+        """The highest round that a quorum of the live peers this node averages with in rnd report having
+        reached: one of one, both of two, half of more. Only those peers count (other groups may run ahead
+        freely), and one peer's heartbeat (which can claim any round) is never enough among several."""
+        among = set(self.live_peers()) & self.method.sources(rnd)
+        rounds = sorted((p.round for p in self.endpoint.peers.peers.values() if p.name in among), reverse=True)
+        quorum = max(min(len(rounds), 2), (len(rounds) + 1) // 2)
+        return rounds[quorum - 1] if rounds else 0
 
-        Only the peers this node exchanges models with count: other groups may run ahead freely.
-        """
-        live = set(self.live_peers()) & among
-        return max([p.round for p in self.endpoint.peers.peers.values() if p.name in live], default=0)
+    def catch_up(self, rnd: int, least: int) -> int:
+        """The round to run next: rnd, or the mesh's round if that is at least least (a straggler, a restarted
+        node or a late joiner catches up instead of timing out), never past the scenario's last round. A skip
+        is logged and recorded."""
+        ahead = min(self.mesh_round(rnd), self.scenario.rounds - 1)
+        if ahead < max(least, rnd + 1):
+            return rnd
+        log.info("%s: catching up from round %d to the mesh's round %d", self.name, rnd, ahead)
+        self.record("skip", skipped_from=rnd, skipped_to=ahead)
+        for key in [k for k in self.inbox if k[1] < ahead]:
+            del self.inbox[key]
+        return ahead
 
-    async def run_round(self, rnd: int) -> None:
-        """One round: pre-round work, train, send, collect, average, evaluate, record, checkpoint."""
+    async def run_round(self, rnd: int) -> int:
+        """One round: pre-round work, train, send, collect, average, evaluate, record, checkpoint. Return the
+        round it ran: a later one if the pre-round work took so long that the mesh went on meanwhile."""
         self.round = self.endpoint.round = rnd
-        for key in [k for k in self.inbox if k[1] < rnd - 1]:
-            del self.inbox[key]  # models of rounds long gone (stragglers' late sends)
+        for key in [k for k in self.inbox if k[1] < rnd]:
+            del self.inbox[key]  # models of rounds gone (stragglers' late sends)
         decided = self.method.state()
         await self.method.before_round(rnd)
         if self.method.state() != decided:
             # The method decided something before the round (pFedLIA's choice of peers, already announced to
             # them): keep it now, so a crash later in this round resumes with it instead of choosing again.
             self.checkpoint(rnd - 1)
+            # A late joiner's choice took its fetches' time: its chosen peers may be far ahead by now.
+            rnd = self.round = self.endpoint.round = self.catch_up(rnd, rnd + 2)
         # Who counts in this round, as the round starts: a source that sends its model and then finishes
         # the run (and leaves) before this node collects still counts.
         counted = self.method.sources(rnd)
@@ -297,6 +336,7 @@ class LearningNode:
         self.record("round", participated=took_part, train_loss=train_loss, sources=len(expected),
                     received=len(arrived), bytes_sent=self.endpoint.transport.bytes_sent, **metrics)
         self.checkpoint(rnd)
+        return rnd
 
     def final_metrics(self) -> dict[str, Any]:
         """Test metrics of the personalised model and the traffic of this node."""

@@ -3,28 +3,55 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p2pfed.config import NodeConfig
 from p2pfed.net import security
 from p2pfed.net.discovery import MqttDiscovery
-from p2pfed.net.endpoint import Endpoint, MeshOptions
-from p2pfed.net.transport import TransportOptions
+from p2pfed.net.endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from p2pfed.scenario.config import Scenario
 
 log = logging.getLogger(__name__)
+
+JOIN_WAIT = 60.0  # seconds a learning node or coordinator waits to be welcomed before giving up
+
+
+async def first_of(stop: asyncio.Event, work: Any) -> bool:
+    """Run the awaitable work until it ends or stop is set; return False if stop came first (work is then
+    cancelled). An exception of work is raised."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        return False
+    task.result()
+    return True
+
+
+def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario, method: str | None) -> None:
+    """Take the scenario's mesh settings (timing, message size cap): every member of a scenario's mesh must
+    agree on them. The mesh name stays the one given, else it is the scenario's and method's."""
+    name = cfg.mesh.mesh if cfg.mesh.mesh != "default" or method is None else scenario.mesh_name(method)
+    cfg.mesh = dataclasses.replace(scenario.mesh, mesh=name)
 
 
 def make_endpoint(cfg: NodeConfig, role: str) -> Endpoint:
     """Build (not start) the endpoint a configuration describes."""
     name = cfg.name or ("bootstrap" if role == "bootstrap" else socket.gethostname())
     keys = security.load_keys(Path(cfg.keys).expanduser()) if cfg.keys else None
-    m = cfg.mesh
-    options = MeshOptions(mesh=m.mesh, heartbeat=m.heartbeat, suspect_after=m.suspect_after,
-                          dead_after=m.dead_after, request_timeout=m.request_timeout)
-    transport = TransportOptions(max_message_bytes=m.max_message_mb << 20)
+    options, transport = cfg.mesh.endpoint_options()
     return Endpoint(name, role, options=options, keys=keys, join_key=cfg.join_key or None,
                     transport_options=transport)
 
@@ -42,6 +69,8 @@ async def run_member(
         if cfg.discovery:
             discovery = MqttDiscovery(endpoint, cfg.discovery)
             discovery.start()
+        # Until told to stop; a join that fails (refused, or no answer for join_give_up seconds) ends it.
+        await first_of(stop, endpoint.wait_joined(math.inf))
         await stop.wait()
     finally:
         if discovery is not None:
@@ -81,9 +110,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
         raise ValueError(f"--index {bad[0]} is outside the scenario's {scenario.nodes} nodes")
     if method is None and coordinator is None:
         raise ValueError("a node needs --method, or --coordinator to take its method from")
-    if cfg.mesh.mesh == "default" and method is not None:
-        cfg.mesh.mesh = f"{scenario.name}-{method}"[:64]
-    cfg.mesh.heartbeat = scenario.mesh.heartbeat
+    use_scenario_mesh(cfg, scenario, method)
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
     out.mkdir(parents=True, exist_ok=True)
@@ -102,8 +129,8 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
                 node = LearningNode(scenario, index, method, dataset, partition, endpoint, out)
             node.send_delay = send_delay
             nodes.append(node)
-        for endpoint in endpoints:
-            await endpoint.wait_joined(60)
+        if not await first_of(stop, asyncio.gather(*(e.wait_joined(JOIN_WAIT) for e in endpoints))):
+            return  # stopped while joining
         runs = [asyncio.ensure_future(n.run(start_round, wait_for_peers=wait_for)) for n in nodes]
         stopper = asyncio.ensure_future(stop.wait())
         everyone: asyncio.Future[Any] = asyncio.gather(*runs)
@@ -134,15 +161,15 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     if not is_central(method):
         raise ValueError(f"unknown method {method!r}; a coordinator runs one of {', '.join(CENTRAL)}")
     scenario = load_scenario(scenario_path)
-    if cfg.mesh.mesh == "default":
-        cfg.mesh.mesh = f"{scenario.name}-{method}"[:64]
+    use_scenario_mesh(cfg, scenario, method)
     cfg.name = cfg.name or "coordinator"
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
     endpoint = make_endpoint(cfg, "coordinator")
     await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
     try:
-        await endpoint.wait_joined(60)
+        if not await first_of(stop, endpoint.wait_joined(JOIN_WAIT)):
+            return
         coordinator = Coordinator(scenario, method, endpoint, dataset, partition, out, state_dir)
         run = asyncio.ensure_future(coordinator.run(wait_for=wait_for))
         stopper = asyncio.ensure_future(stop.wait())

@@ -126,6 +126,10 @@ class Scenario:
     events: list[Event] = field(default_factory=list)
     path: str = ""
 
+    def mesh_name(self, method: str) -> str:
+        """The mesh a method's run of this scenario uses (each method its own, so runs never mix)."""
+        return f"{self.name}-{method}"[:64]
+
     def node_name(self, index: int) -> str:
         """The name of node index (n00, n01, ...), the same on every machine."""
         return f"n{index:0{max(2, len(str(self.nodes - 1)))}d}"
@@ -133,9 +137,12 @@ class Scenario:
     def validate(self, where: str = "") -> None:
         """Raise ConfigError naming the key of anything that cannot work."""
         from p2pfed.methods import CENTRAL, METHODS
+        from p2pfed.wire.messages import is_name
 
         c = self.central
         checks = [
+            (is_name(self.name), f"scenario.name must be up to 64 letters, digits, '-', '_' or '.' (it names "
+             f"the mesh; got {self.name!r})"),
             (self.nodes >= 2, "scenario.nodes must be at least 2"),
             (self.rounds >= 1, "scenario.rounds must be at least 1"),
             (bool(self.methods), "scenario.methods must name at least one method"),
@@ -143,6 +150,10 @@ class Scenario:
              f"scenario.methods: {', '.join(repr(m) for m in self.methods if m not in METHODS)} not known; "
              f"choose among {', '.join(METHODS)}"),
             (self.data.partition in PARTITIONS, f"data.partition must be one of {', '.join(PARTITIONS)}"),
+            (self.data.partition in ("iid", "dirichlet", "dominant", "missing")
+             or 1 <= self.data.clusters <= self.nodes,
+             f"data.clusters ({self.data.clusters}) must be between 1 and scenario.nodes ({self.nodes}) for the "
+             f"{self.data.partition} partition"),
             (self.data.dataset in DATASETS or self.data.dataset.endswith(".npz") or Path(self.data.dataset).is_dir(),
              f"data.dataset must be one of {', '.join(DATASETS)} or a path"),
             (self.train.model in MODELS, f"train.model must be one of {', '.join(MODELS)}"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -40,9 +41,13 @@ Progress = Callable[[str, int, int], None]  # (method, rounds done by every node
 
 def mesh_options(scenario: Scenario, method: str) -> MeshOptions:
     """Mesh timing from the scenario; each method gets its own mesh name so runs never mix."""
-    m = scenario.mesh
-    return MeshOptions(mesh=f"{scenario.name}-{method}"[:64], heartbeat=m.heartbeat,
-                       suspect_after=m.suspect_after, dead_after=m.dead_after, request_timeout=m.request_timeout)
+    return dataclasses.replace(scenario.mesh, mesh=scenario.mesh_name(method)).endpoint_options()[0]
+
+
+def member(scenario: Scenario, method: str, name: str, role: str = "node") -> Endpoint:
+    """An endpoint (not started) of the scenario's mesh for this method, with its timing and message cap."""
+    options, transport = dataclasses.replace(scenario.mesh, mesh=scenario.mesh_name(method)).endpoint_options()
+    return Endpoint(name, role, options=options, transport_options=transport)
 
 
 def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
@@ -80,13 +85,13 @@ class InProcessMesh:
         self.run = MethodRun(method)
 
     async def start(self) -> None:
-        self.boot = Endpoint("bootstrap", "bootstrap", options=self.options)
+        self.boot = member(self.scenario, self.method, "bootstrap", "bootstrap")
         await self.boot.start("tcp://127.0.0.1:0")
 
     async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0) -> None:
         assert self.boot is not None
         name = self.scenario.node_name(index)
-        endpoint = Endpoint(name, "node", options=self.options)
+        endpoint = member(self.scenario, self.method, name)
         await endpoint.start("tcp://127.0.0.1:0", [self.boot.address])
         await endpoint.wait_joined(30)
         node: LearningNode | CentralNode
@@ -223,7 +228,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
         await mesh.start()
         if is_central(method):
             assert mesh.boot is not None
-            endpoint = Endpoint("coordinator", "coordinator", options=mesh.options)
+            endpoint = member(scenario, method, "coordinator", "coordinator")
             await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.address])
             await endpoint.wait_joined(30)
             coordinator = Coordinator(scenario, method, endpoint, dataset, partition, out)
