@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.helpers import free_port, p2pfed, peer_states, status, stop, wait_for
@@ -91,3 +92,25 @@ def test_a_coordinator_and_nodes_that_take_their_method_from_it(tmp_path: Path) 
     assert [r["round"] for r in rounds if r["event"] == "round"] == [0, 1, 2]
     bad = run("coordinator", "--bind", "tcp://127.0.0.1:0", "--scenario", str(scenario), "--method", "fedavg-p2p")
     assert bad.returncode == 2 and "decentralized" in bad.stderr
+
+
+def test_a_node_that_cannot_join_stops_on_sigterm_and_says_why_when_it_gives_up(tmp_path: Path) -> None:
+    dead = f"tcp://127.0.0.1:{free_port()}"  # nobody listens: a bootstrap that is down
+    scenario = tmp_path / "s.toml"
+    scenario.write_text("[scenario]\nname = 'cli'\nnodes = 2\nrounds = 2\nmethods = ['fedavg-p2p']\n"
+                        "[data]\nclusters = 1\nmax_train = 16\n")
+    learner = p2pfed("node", "--join", dead, "--bind", "tcp://127.0.0.1:0", "--scenario", str(scenario),
+                     "--index", "0", "--method", "fedavg-p2p", "--out", str(tmp_path / "out"),
+                     log=tmp_path / "learner.log")
+    try:
+        wait_for(lambda: "not answered yet" in (tmp_path / "learner.log").read_text(), 60, "the join to start")
+        t0 = time.monotonic()
+        learner.send_signal(signal.SIGTERM)  # it ignored SIGTERM until its 60 s join wait ended
+        assert learner.wait(20) == 0 and time.monotonic() - t0 < 15
+    finally:
+        stop(learner)
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("[node]\n[node.mesh]\nheartbeat = 0.2\njoin_give_up = 2\n")
+    res = run("node", "--join", dead, "--bind", "tcp://127.0.0.1:0", "--name", "lonely", "--config", str(cfg))
+    assert res.returncode == 2, res.stderr
+    assert f"lonely could not join mesh 'default': no answer from {dead} in 2 s" in res.stderr  # not "p2pfed: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from p2pfed.net import security
-from p2pfed.net.endpoint import Endpoint, MeshOptions, query_status
+from p2pfed.net.endpoint import Endpoint, JoinError, MeshOptions, query_status
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT
 from p2pfed.net.transport import DeliveryError
 from p2pfed.wire import Message
@@ -164,7 +165,7 @@ async def test_keyed_mesh_admits_allowed_keys_and_refuses_others(members: Make, 
     assert (await alice.request("bootstrap", ping(alice), 5)).body["ok"]
 
 
-async def test_an_allowed_key_cannot_take_the_name_of_a_live_member(members: Make, keyring: Path) -> None:
+async def test_a_name_is_bound_to_its_key_for_good(members: Make, keyring: Path) -> None:
     boot = members("bootstrap", "bootstrap", options=FAST, keys=security.load_keys(keyring / "bootstrap"))
     await boot.start("tcp://127.0.0.1:0")
     alice = members("alice", options=FAST, keys=security.load_keys(keyring / "alice"))
@@ -173,10 +174,19 @@ async def test_an_allowed_key_cannot_take_the_name_of_a_live_member(members: Mak
     impostor = members("alice", options=FAST, keys=security.load_keys(keyring / "bob"))  # bob's key, alice's name
     await impostor.start("tcp://127.0.0.1:0")
     assert boot.keys is not None
-    with pytest.raises(DeliveryError, match="impostor"):
+    hello = impostor.message("hello", impostor.identity())
+    with pytest.raises(DeliveryError, match=r"not alice's \(allowed/alice\.key\)"):
+        await impostor.transport.request(boot.address, hello, 5, boot.keys.public)
+    await alice.stop(leave=False)  # alice dies: her name is still hers
+    await wait_until(lambda: states(boot)["alice"] == DEAD, what="alice dead")
+    with pytest.raises(DeliveryError, match="not alice's"):
         await impostor.transport.request(boot.address, impostor.message("hello", impostor.identity()), 5,
                                          boot.keys.public)
-    assert boot.peers.peers["alice"].address == alice.address
+    back = members("alice", options=FAST, keys=security.load_keys(keyring / "alice"))  # the real alice restarts
+    await back.start("tcp://127.0.0.1:0", [boot.address])
+    await back.wait_joined(5)
+    await wait_until(lambda: states(boot)["alice"] == ALIVE and boot.peers.peers["alice"].address == back.address,
+                     what="the real alice back")
 
 
 async def test_messages_of_another_mesh_are_refused(members: Make) -> None:
@@ -193,3 +203,49 @@ async def test_a_message_type_a_member_does_not_take_is_refused(members: Make) -
     await wait_until(lambda: states(boot).get("n0") == ALIVE, what="n0 alive")
     with pytest.raises(DeliveryError, match="bootstrap bootstrap does not take control messages"):
         await nodes[0].request("bootstrap", ping(nodes[0]), 5)
+
+
+async def test_a_request_to_a_peer_that_dies_fails_when_it_is_declared_dead_not_at_its_timeout(
+        members: Make) -> None:
+    _, (n0, n1) = await start_mesh(members, 2)
+    await wait_until(lambda: states(n0).get("n1") == ALIVE, what="n1 alive")
+
+    async def never(msg: Message) -> Message | None:
+        await asyncio.Event().wait()
+        return None
+
+    n1.handlers["control"] = never
+    pending = asyncio.ensure_future(n0.request("n1", ping(n0), 60))
+    await asyncio.sleep(0.2)
+    await n1.stop(leave=False)  # it dies while n0 waits for its answer
+    t0 = time.monotonic()
+    with pytest.raises(DeliveryError, match="n1 is dead"):
+        await asyncio.wait_for(pending, 10)
+    assert time.monotonic() - t0 < 5  # dead after 6 periods of 0.1 s, not after the request's 60 s
+
+
+@pytest.mark.parametrize("case", ["another mesh", "no keys", "a key not allowed"])
+async def test_a_join_the_other_side_refuses_ends_with_its_reason(members: Make, keyring: Path, case: str) -> None:
+    keyed = case != "another mesh"
+    boot = members("bootstrap", "bootstrap", options=FAST,
+                   keys=security.load_keys(keyring / "bootstrap") if keyed else None)
+    await boot.start("tcp://127.0.0.1:0")
+    options = MeshOptions(heartbeat=0.1, join_timeout=0.5, mesh="other" if case == "another mesh" else "default")
+    keys = security.load_keys(keyring / "mallory") if case == "a key not allowed" else None
+    node = members("mallory", options=options, keys=keys)
+    await node.start("tcp://127.0.0.1:0", [boot.address])
+    reason = {"another mesh": "message for mesh 'other', this is mesh 'default'",
+              "no keys": "a keyed mesh needs --keys on every member",
+              "a key not allowed": "it refused this member's key (not in its allow-list)"}[case]
+    with pytest.raises(JoinError, match=re.escape(reason)):
+        await node.wait_joined(30)  # three refusals with the same reason end the join, well before 30 s
+
+
+async def test_a_join_nobody_answers_ends_after_its_bound_saying_so(members: Make) -> None:
+    port = free_port()
+    node = members("lonely", options=MeshOptions(heartbeat=0.1, join_timeout=0.3, join_give_up=1.0))
+    await node.start("tcp://127.0.0.1:0", [f"tcp://127.0.0.1:{port}"])
+    with pytest.raises(JoinError, match=rf"no answer from tcp://127\.0\.0\.1:{port} in 1 s"):
+        await node.wait_joined(30)
+    with pytest.raises(JoinError, match="could not join"):
+        await members("x", options=FAST).wait_joined(0.1)  # never started: says so, not an empty TimeoutError

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, PeerTable
+import pytest
+
+from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, PeerTable, Refused
 
 
 class Clock:
@@ -59,12 +61,61 @@ def test_heard_again_revives() -> None:
 
 
 def test_restart_with_same_name_rejoins_and_stale_messages_are_ignored() -> None:
-    t, _ = table()
+    t, clock = table()
     hear(t, inc=1, address="tcp://h:1")
-    change = hear(t, inc=2, address="tcp://h:2")
+    change = hear(t, inc=2, address="tcp://h:1")  # restarted on the same address: the old process is gone
+    assert change.new == "rejoined" and t.peers["a"].incarnation == 2
+    clock.t += 3.5  # silent long enough to be suspect: a restart on another address is taken now
+    t.sweep()
+    change = hear(t, inc=3, address="tcp://h:2")
     assert change.new == "rejoined" and t.peers["a"].address == "tcp://h:2"
     assert hear(t, inc=1, address="tcp://h:1") is None  # the old process's late heartbeat
     assert t.peers["a"].address == "tcp://h:2"
+
+
+def test_a_live_name_cannot_be_taken_from_another_address() -> None:
+    t, clock = table()
+    hear(t, inc=5, address="tcp://h:1")
+    with pytest.raises(Refused, match="a is alive at tcp://h:1"):
+        hear(t, inc=6, address="tcp://evil:1")  # a newer incarnation elsewhere does not take a live name
+    assert t.peers["a"].address == "tcp://h:1" and t.peers["a"].incarnation == 5
+    clock.t += 1
+    assert hear(t, inc=5, address="tcp://h:1") is None and t.peers["a"].state == ALIVE
+
+
+def test_an_incarnation_from_the_future_is_refused() -> None:
+    t, _ = table()
+    t.wall_ns = lambda: 10**18
+    with pytest.raises(Refused, match="future"):
+        hear(t, "b", inc=10**18 + 2 * 24 * 3600 * 10**9)
+    assert hear(t, "b", inc=10**18 + 3600 * 10**9).new == ALIVE  # an hour of clock skew is fine
+    info = {"name": "c", "address": "tcp://h:3", "role": "node", "incarnation": 2**62, "pubkey": "",
+            "state": ALIVE, "age": 0.0, "round": 0}
+    assert not t.learned_of(info) and "c" not in t.peers
+
+
+def test_at_most_max_peers_are_known_and_the_longest_dead_make_room() -> None:
+    t, clock = table()
+    t.max_peers = 3
+    for name in "abc":
+        hear(t, name)
+    with pytest.raises(Refused, match="3 members are known"):
+        hear(t, "d")
+    info = {"name": "e", "address": "tcp://h:3", "role": "node", "incarnation": 1, "pubkey": "",
+            "state": ALIVE, "age": 0.0, "round": 0}
+    assert not t.learned_of(info)
+    t.left("b")
+    clock.t += 1
+    t.left("a")
+    assert hear(t, "d").new == ALIVE and set(t.peers) == {"a", "c", "d"}  # b, dead longest, made room
+    assert t.learned_of(info) and set(t.peers) == {"c", "d", "e"}
+
+
+def test_a_very_slow_peer_is_still_suspected_in_the_end() -> None:
+    t, clock = table()
+    t.heard_from("lazy", "tcp://h:1", "node", 1, "", 0, period=60.0)  # claims a minute between heartbeats
+    clock.t += 31  # our 3 s of patience stretched at most tenfold
+    assert ("lazy", SUSPECT) in [(c.name, c.new) for c in t.sweep()]
 
 
 def test_gossip_introduces_but_never_revives() -> None:

@@ -10,7 +10,8 @@ import pytest
 from p2pfed.config import ConfigError
 from p2pfed.scenario.config import load_scenario
 
-BASE = "[scenario]\nnodes = 4\nrounds = 5\nmethods = ['pfedlia-p2p']\n[pfedlia]\nwarmup_rounds = 2\n"
+BASE = ("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['pfedlia-p2p']\n[data]\nclusters = 2\n"
+        "[pfedlia]\nwarmup_rounds = 2\n")
 EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
 
 
@@ -20,6 +21,7 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["scenario.methods=[]"], "scenario.methods must name at least one method"),
     (["scenario.methods=['fedavg', 'nope']"], "scenario.methods: 'nope' not known; choose among fedavg, "),
     (["data.partition=stripes"], "data.partition must be one of pathological, "),
+    (["data.clusters=5"], "data.clusters (5) must be between 1 and scenario.nodes (4) for the pathological partition"),
     (["data.dataset=imagenet"], "data.dataset must be one of "),
     (["train.model=resnet1000"], "train.model must be one of "),
     (["train.participation=0"], "train.participation must be in (0, 1]"),
@@ -48,9 +50,11 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["central.fomo_epsilon=2"], "central.proto_lambda must be >= 0, fomo_m >= 1, fomo_epsilon in [0, 1]"),
     (["central.fomo_m=0"], "fomo_m >= 1"),
     (["scenario.workers=0"], "workers must be at least 1"),
-    (["mesh.heartbeat=0"], "mesh.heartbeat must be > 0 (got 0"),
+    (["mesh.heartbeat=0"], "mesh.heartbeat must be in [0.01, 60] seconds (got 0"),
+    (["mesh.heartbeat=61"], "mesh.heartbeat must be in [0.01, 60] seconds"),
+    (["scenario.name=my lab"], "scenario.name must be up to 64 letters, digits, '-', '_' or '.'"),
     (["mesh.suspect_after=7"], "mesh.suspect_after must be >= 1 and < dead_after"),
-    (["mesh.mesh=a/b"], "mesh.mesh must be a short name without '/'"),
+    (["mesh.mesh=a/b"], "mesh.mesh must be a name of up to 64 letters, digits, '-', '_' or '.'"),
     (["train.epochs=two"], "train.epochs must be int (got str 'two')"),
 ])
 def test_each_setting_that_cannot_work_is_named(tmp_path: Path, settings: list[str], message: str) -> None:
@@ -69,7 +73,7 @@ def test_each_setting_that_cannot_work_is_named(tmp_path: Path, settings: list[s
 ])
 def test_a_scripted_event_that_cannot_happen_is_named(tmp_path: Path, events: str, extra: str, message: str) -> None:
     path = tmp_path / "s.toml"
-    path.write_text(BASE.replace("[pfedlia]", extra + "[pfedlia]") + events)
+    path.write_text(BASE.replace("[data]", extra + "[data]") + events)
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: .*{re.escape(message)}"):
         load_scenario(path)
 

@@ -37,13 +37,13 @@ def test_shipped_scenario_partitions_give_every_node_data(path: Path) -> None:
 
 @pytest.mark.parametrize(("extra", "message"), [
     ("methods = ['ifca-cam']\n[central]\ncam_warmup = 5\n", "cam_warmup (5) must be below scenario.rounds (5)"),
-    ("methods = ['fesem']\n[data]\nclusters = 9\n", "must not exceed scenario.nodes (4)"),
+    ("methods = ['fesem']\n[central]\nk = 9\n", "must not exceed scenario.nodes (4)"),
 ])
 def test_settings_that_cannot_work_are_refused_with_the_key(tmp_path: Path, extra: str, message: str) -> None:
     from p2pfed.config import ConfigError
 
     path = tmp_path / "s.toml"
-    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n" + extra)
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n" + extra + "[data]\nclusters = 2\n")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_scenario(path)
 
@@ -67,7 +67,7 @@ def test_a_run_folder_takes_more_methods_only_of_the_same_scenario(tmp_path: Pat
     from p2pfed.scenario.runner import run_scenario_file
 
     path = tmp_path / "s.toml"
-    path.write_text("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['fedavg', 'local']\n")
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['fedavg', 'local']\n[data]\nclusters = 2\n")
     out = tmp_path / "run"
     out.mkdir()
     (out / "scenario.toml").write_text(path.read_text())  # as a finished run leaves it

@@ -1,0 +1,338 @@
+"""Well-formed hostile messages and floods over real sockets: none stops a member, a node or a mesh.
+
+Each test is one attack that worked against the mesh before it was hardened (the issue "Hardening"): a
+rogue transport, which is not a member, sends what a member could send, and the members must go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+import zmq
+import zmq.asyncio
+
+from p2pfed.net.endpoint import Endpoint, MeshOptions
+from p2pfed.net.membership import ALIVE
+from p2pfed.net.transport import DeliveryError, Transport, TransportOptions
+from p2pfed.node.learner import LearningNode
+from p2pfed.scenario.config import Scenario, load_scenario
+from p2pfed.scenario.runner import prepare_data
+from p2pfed.wire import DTYPES, WIRE_VERSION, Message, encode
+from p2pfed.wire.codec import tensor_frame
+
+FAST = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=6, join_timeout=1.0)
+Members = Callable[..., Endpoint]
+Transports = Callable[..., Transport]
+
+
+def forge(msg: Message) -> list[Any]:
+    """Frames of msg as a hostile sender writes them: the envelope unchecked (encode() refuses bad bodies)."""
+    names = {v: k for k, v in DTYPES.items()}
+    specs = [[n, names[t.dtype], list(t.shape)] for n, t in msg.tensors.items()]
+    envelope = {"v": WIRE_VERSION, "type": msg.type, "mesh": msg.mesh, "sender": msg.sender, "round": msg.round,
+                "id": msg.id, "body": msg.body, "tensors": specs}
+    return [msgpack.packb(envelope, use_bin_type=True), *(tensor_frame(t) for t in msg.tensors.values())]
+
+
+@pytest.fixture(autouse=True)
+def unchecked_sending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the rogue transports send anything: receiving is what is tested (and still checks everything)."""
+    monkeypatch.setattr("p2pfed.net.transport.encode", forge)
+
+
+def identity(transport: Transport, **changes: Any) -> dict[str, Any]:
+    """A member's identity as the rogue claims it (its own address unless changed)."""
+    return {"address": transport.address, "role": "node", "incarnation": time.time_ns(), "pubkey": "", "round": 0,
+            "heartbeat": 0.1, **changes}
+
+
+def states(e: Endpoint) -> dict[str, str]:
+    return {p.name: p.state for p in e.peers.peers.values()}
+
+
+async def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+async def stays(pred: Callable[[], bool], seconds: float, what: str) -> None:
+    """Assert pred holds at every check for the given seconds."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert pred(), what
+        await asyncio.sleep(0.02)
+
+
+async def mesh(members: Members, n: int, options: MeshOptions = FAST) -> tuple[Endpoint, list[Endpoint]]:
+    boot = members("bootstrap", "bootstrap", options=options)
+    await boot.start("tcp://127.0.0.1:0")
+    nodes = [members(f"n{i}", options=options) for i in range(n)]
+    for node in nodes:
+        await node.start("tcp://127.0.0.1:0", [boot.address])
+    await wait_until(lambda: all(states(x).get(y.name) == ALIVE for x in [boot, *nodes] for y in [boot, *nodes]
+                                 if x is not y), what="the mesh to form")
+    return boot, nodes
+
+
+# -- one message must never kill a task or a mesh ------------------------------------------------------
+
+async def test_a_bad_address_in_a_hello_or_gossip_is_refused_and_heartbeats_go_on(
+        members: Members, transports: Transports) -> None:
+    boot, (n0,) = await mesh(members, 1)
+    rogue = transports("mallory")
+    with pytest.raises(DeliveryError, match=r"address must be tcp://HOST:PORT \(got 'garbage'\)"):
+        await rogue.request(boot.address, Message("hello", "mallory", body=identity(rogue, address="garbage")), 5)
+    entry = {"name": "ghost", "address": "tcp://no port", "role": "node", "incarnation": 1, "pubkey": "",
+             "state": "alive", "age": 0.0, "round": 0}
+    rogue.send_nowait(boot.address, Message("gossip", "mallory", body={**identity(rogue), "peers": [entry]}))
+    late = members("n1", options=FAST)  # joins after the attack: the bootstrap must still serve and heartbeat
+    await late.start("tcp://127.0.0.1:0", [boot.address])
+    await late.wait_joined(5)
+    await wait_until(lambda: states(late).get("n0") == ALIVE and states(boot).get("n1") == ALIVE, what="n1 in")
+    await stays(lambda: states(late)["bootstrap"] == ALIVE and states(n0)["bootstrap"] == ALIVE, 1.5,
+                "the bootstrap's heartbeats stopped")
+    assert "ghost" not in states(boot) and all(t.done() is False for t in boot.tasks)
+
+
+async def test_an_error_about_one_peer_never_ends_the_heartbeat_loop(members: Members,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    boot, (n0, n1) = await mesh(members, 2)
+    send = boot.transport.send_nowait
+
+    def broken_for_n0(address: str, msg: Message, server_key: bytes | None = None) -> bool:
+        if address == n0.address:
+            raise RuntimeError("a bug about n0")
+        return send(address, msg, server_key)
+
+    monkeypatch.setattr(boot.transport, "send_nowait", broken_for_n0)
+    await stays(lambda: states(n1)["bootstrap"] == ALIVE, 1.5, "the bootstrap stopped heartbeating n1")
+    assert not any(t.done() for t in boot.tasks)
+
+
+async def test_a_flood_of_made_up_members_is_capped(members: Members, transports: Transports) -> None:
+    options = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=6, join_timeout=1.0, max_peers=40)
+    target = members("target", options=options, transport_options=TransportOptions(max_dealers=32))
+    await target.start("tcp://127.0.0.1:0")
+    friend = members("friend", options=FAST)
+    await friend.start("tcp://127.0.0.1:0", [target.address])
+    await wait_until(lambda: states(target).get("friend") == ALIVE, what="friend alive")
+    rogue = transports("mallory")
+    for i in range(300):  # ~1,100 of these exhausted libzmq's sockets and ended the heartbeat task
+        body = identity(rogue, address=f"tcp://127.0.0.1:{20000 + i}")
+        rogue.send_nowait(target.address, Message("heartbeat", f"fake{i}", body=body))
+    await wait_until(lambda: len(target.peers.peers) >= 40, what="the table to fill")
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert len(target.peers.peers) <= 40 and len(target.transport.dealers) <= 32, (
+            len(target.peers.peers), len(target.transport.dealers))
+        assert states(friend)["target"] == ALIVE, "the target's heartbeats stopped"
+        await asyncio.sleep(0.02)
+    # the made-up members fall silent and die; a real newcomer then finds room
+    newcomer = members("newcomer", options=FAST)
+    await newcomer.start("tcp://127.0.0.1:0", [target.address])
+    await newcomer.wait_joined(10)
+    await wait_until(lambda: states(target).get("newcomer") == ALIVE, what="the newcomer in")
+
+
+async def test_a_heartbeat_period_out_of_bounds_is_refused(members: Members, transports: Transports) -> None:
+    boot, _ = await mesh(members, 0)
+    rogue = transports("mallory")
+    with pytest.raises(DeliveryError, match=r"heartbeat must be in \[0.01, 60\] \(got 1e\+300\)"):
+        await rogue.request(boot.address, Message("hello", "mallory", body=identity(rogue, heartbeat=1e300)), 5)
+    assert "mallory" not in states(boot)
+
+
+async def test_a_live_members_name_cannot_be_taken_by_a_newer_incarnation(members: Members,
+                                                                          transports: Transports) -> None:
+    boot, (n0,) = await mesh(members, 1)
+    rogue = transports("mallory")
+    claim = identity(rogue, incarnation=n0.incarnation + 10**12)  # "restarted" elsewhere
+    with pytest.raises(DeliveryError, match=r"n0 is alive at tcp://127\.0\.0\.1:\d+"):
+        await rogue.request(boot.address, Message("hello", "n0", body=claim), 5)
+    with pytest.raises(DeliveryError, match="future"):
+        await rogue.request(boot.address, Message("hello", "n0", body={**claim, "incarnation": 2**62}), 5)
+    await stays(lambda: boot.peers.peers["n0"].address == n0.address and states(boot)["n0"] == ALIVE, 0.5,
+                "n0's entry was taken")
+
+
+async def test_refusals_echo_little_and_are_rate_limited(members: Members, transports: Transports,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    boot, _ = await mesh(members, 0)
+    rogue = transports("mallory")
+    body = {"kind": "model", "samples": 1, "meta": {}, "x" * 1_000_000: 1}  # a 1 MB key, echoed before
+    with caplog.at_level(logging.INFO, logger="p2pfed"):
+        for _ in range(30):
+            with pytest.raises(DeliveryError):
+                await rogue.request(boot.address, Message("model", "mallory", body=body), 5)
+    lines = [r.getMessage() for r in caplog.records if "mallory" in r.getMessage()]
+    assert 1 <= len(lines) <= 5, len(lines)  # a few lines per sender and window, not one per message
+    assert sum(len(line) for line in lines) < 5 * 600
+
+
+async def test_a_flood_does_not_stop_a_members_heartbeats(members: Members) -> None:
+    _, (target, observer) = await mesh(members, 2)
+    frames = [bytes(memoryview(f)) for f in encode(Message("heartbeat", "mallory", body={
+        **target.identity(), "address": "tcp://127.0.0.1:9"}))]
+
+    def flood() -> None:  # from another thread, as from another process: the target's loop gets no say
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.connect(target.address)
+        for _ in range(13_000):  # drained without a pause, such a burst held a member's loop for 1.3 s
+            sock.send_multipart(frames)
+        time.sleep(1.0)
+        ctx.destroy(linger=0)
+
+    # The members here share one event loop: how long that loop went without running anything else is what a
+    # peer in another process would see as this member's silence (suspect after 3 periods, 0.3 s).
+    gaps: list[float] = []
+    flooding = asyncio.ensure_future(asyncio.to_thread(flood))
+    before = time.monotonic()
+    while not flooding.done():
+        await asyncio.sleep(0.005)
+        now = time.monotonic()
+        gaps.append(now - before)
+        before = now
+    await flooding
+    assert max(gaps) < 0.3, f"the event loop stalled for {max(gaps):.2f} s under the flood"
+    assert states(observer)["n0"] == ALIVE and states(target)["n1"] == ALIVE
+    assert target.transport.dropped > 0  # most of the flood was dropped unread by the per-connection rate
+
+
+# -- forged models --------------------------------------------------------------------------------------
+
+SCENARIO = """
+[scenario]
+name = "attacks"
+seed = 0
+nodes = 3
+rounds = {rounds}
+methods = ["fedavg-p2p"]
+[data]
+dataset = "digits"
+clusters = 1
+partition = "iid"
+max_train = 16
+[train]
+round_timeout = {timeout}
+"""
+
+
+def scenario(tmp_path: Path, rounds: int = 30, timeout: float = 20) -> Scenario:
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.format(rounds=rounds, timeout=timeout))
+    return load_scenario(path)
+
+
+def model(sender: str, rnd: int, state: dict[str, torch.Tensor], kind: str = "model") -> Message:
+    return Message("model", sender, round=rnd, body={"kind": kind, "samples": 5, "meta": {}}, tensors=state)
+
+
+async def test_forged_and_unexpected_models_are_refused_and_the_inbox_stays_bounded(
+        tmp_path: Path, members: Members, transports: Transports) -> None:
+    s = scenario(tmp_path)
+    dataset, partition = prepare_data(s)
+    boot, _ = await mesh(members, 0)
+    honest = members("n1", options=FAST)  # a live peer the target averages with (fedavg: every live peer)
+    await honest.start("tcp://127.0.0.1:0", [boot.address])
+    endpoint = members("n00", options=FAST)
+    await endpoint.start("tcp://127.0.0.1:0", [boot.address])
+    node = LearningNode(s, 0, "fedavg-p2p", dataset, partition, endpoint, tmp_path)
+    await wait_until(lambda: states(endpoint).get("n1") == ALIVE, what="n1 known")
+    rogue = transports("mallory")
+    state = node.current_state()
+    refused = 0
+    for rnd in range(10, 30):  # "n1"'s models for future rounds: they were all kept, and used when due
+        try:
+            await rogue.request(endpoint.address, model("n1", rnd, state), 5)
+        except DeliveryError as exc:
+            refused += "beyond this node's rounds 0..8" in str(exc)
+    assert refused == 20
+    with pytest.raises(DeliveryError, match="does not expect a w0 from n1"):
+        await rogue.request(endpoint.address, model("n1", 0, state, kind="w0"), 5)
+    with pytest.raises(DeliveryError, match="does not expect a model from stranger"):
+        await rogue.request(endpoint.address, model("stranger", 0, state), 5)
+    await rogue.request(endpoint.address, model("n1", 1, state), 5)  # one per sender and round is taken...
+    with pytest.raises(DeliveryError, match="already has n1's model of round 1"):
+        await rogue.request(endpoint.address, model("n1", 1, state), 5)  # ... and only one
+    sent = [rogue.request(endpoint.address, model("n1", 0, state, kind="w0"), 10) for _ in range(2000)]
+    await asyncio.gather(*sent, return_exceptions=True)  # 10,000 of these grew a target by 143 MB
+    assert sum(len(v) for v in node.inbox.values()) == 1
+
+
+async def test_one_heartbeat_claiming_a_huge_round_does_not_make_nodes_skip(
+        tmp_path: Path, members: Members, transports: Transports) -> None:
+    s = scenario(tmp_path, rounds=5, timeout=1.0)  # the rogue never sends a model: each round waits 1 s for it
+    dataset, partition = prepare_data(s)
+    boot = members("bootstrap", "bootstrap", options=FAST)
+    await boot.start("tcp://127.0.0.1:0")
+    nodes = []
+    for i in range(3):
+        endpoint = members(s.node_name(i), options=FAST)
+        await endpoint.start("tcp://127.0.0.1:0", [boot.address])
+        nodes.append(LearningNode(s, i, "fedavg-p2p", dataset, partition, endpoint, tmp_path))
+    await wait_until(lambda: all(len(n.live_peers()) == 2 for n in nodes), what="the mesh to form")
+    rogue = transports("mallory")
+
+    async def claim_huge_round() -> None:
+        while True:  # a live "node" that says it is at round 2^31 - 1
+            for n in nodes:
+                body = identity(rogue, round=2**31 - 1)
+                rogue.send_nowait(n.endpoint.address, Message("heartbeat", "mallory", round=2**31 - 1, body=body))
+            await asyncio.sleep(0.05)
+
+    claimer = asyncio.ensure_future(claim_huge_round())
+    try:
+        await wait_until(lambda: all("mallory" in n.live_peers() for n in nodes), what="mallory known")
+        await asyncio.wait_for(asyncio.gather(*(n.run() for n in nodes)), 60)
+    finally:
+        claimer.cancel()
+    for n in nodes:
+        records = [json.loads(line) for line in (tmp_path / f"{n.name}.jsonl").read_text().splitlines()]
+        assert [r["round"] for r in records if r["event"] == "round"] == list(range(5)), n.name
+        assert not [r for r in records if r["event"] == "skip"]
+
+
+def test_the_catch_up_needs_a_quorum_of_the_peers_a_node_averages_with() -> None:
+    from p2pfed.net.membership import Peer
+
+    class Fake:
+        name, scenario = "me", type("S", (), {"rounds": 100})()
+        inbox: dict[Any, Any] = {}  # noqa: RUF012 - a stand-in's attribute
+        mesh_round = LearningNode.mesh_round
+
+        def __init__(self, rounds: dict[str, int]) -> None:
+            self.endpoint = type("E", (), {})()
+            self.endpoint.peers = type("T", (), {})()
+            self.endpoint.peers.peers = {p: Peer(p, "tcp://h:1", state=ALIVE, round=r) for p, r in rounds.items()}
+            self.method = type("M", (), {"sources": lambda _self, rnd: set(rounds)})()
+            self.skips: list[dict[str, Any]] = []
+
+        def live_peers(self) -> list[str]:
+            return sorted(self.endpoint.peers.peers)
+
+        def record(self, event: str, **fields: Any) -> None:
+            self.skips.append(fields)
+
+    def target(rounds: dict[str, int], rnd: int = 3) -> int:
+        return LearningNode.catch_up(Fake(rounds), rnd, rnd + 2)  # type: ignore[arg-type]
+
+    assert target({"a": 2**31 - 1, "b": 3, "c": 3}) == 3  # one peer's word is not enough
+    assert target({"a": 2**31 - 1, "b": 2**31 - 1, "c": 3}) == 99  # two of three: but never past the last round
+    assert target({"a": 9, "b": 9}) == 9 and target({"a": 9, "b": 4}) == 3  # both of two
+    assert target({"a": 9}) == 9  # the only peer it averages with: it follows that one
+    assert target({"a": 4}) == 3  # one round ahead is not a straggler yet
+    assert target({}) == 3
