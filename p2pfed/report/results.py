@@ -67,6 +67,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "seconds": float(run.get("seconds", 0.0)),
         "nodes_finished": len(finals),
         "nodes": len(per_node),
+        # rounds nodes skipped to catch up with their peers (a finished node may not have run every round)
+        "rounds_skipped": sum(int(r["skipped_to"]) - int(r["skipped_from"]) for r in records if r["event"] == "skip"),
         "crashed": run.get("crashed", {}),
         "events": run.get("events", []),
     }
@@ -92,7 +94,8 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
     for name, m in sorted(summary["methods"].items(), key=lambda kv: -(kv[1]["accuracy"] or 0)):
         rows.append([name, pct(m["accuracy"]), pct(m["bottom5_accuracy"]), pct(m["macro_f1"]),
                      "–" if m["ari"] is None else f"{m['ari']:.3f}", f"{m['bytes_sent'] / 1e6:.1f}",
-                     f"{m['seconds']:.0f}", f"{m['nodes_finished']}/{m['nodes']}"])
+                     f"{m['seconds']:.0f}", f"{m['nodes_finished']}/{m['nodes']}"
+                     + (f" ({m['rounds_skipped']} rounds skipped)" if m.get("rounds_skipped") else "")])
     headers = ["method", "accuracy %", "bottom-5% acc %", "macro-F1 %", "ARI", "MB sent", "seconds", "finished"]
     return tabulate(rows, headers=headers, tablefmt=fmt)
 
