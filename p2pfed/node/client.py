@@ -34,9 +34,10 @@ from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import Evaluation, distance_penalty, evaluate, pick_device, state_of, train_epochs
 from p2pfed.methods import make_client
-from p2pfed.methods.central import ClientMethod, Task, aux_of, pack, unpack
+from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Change
+from p2pfed.node.adversary import flip_labels, noise_like
 from p2pfed.node.local_data import local_data
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
@@ -66,6 +67,10 @@ class CentralNode:
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
         self.data = local_data(scenario, index, dataset, partition)
+        self.adversary = scenario.adversary_of(index)  # a scripted adversary of the scenario, None if honest
+        if self.adversary == "label-flip":
+            self.data.y_train = flip_labels(self.data.y_train, dataset.num_classes)
+            self.data.y_val = flip_labels(self.data.y_val, dataset.num_classes)
         self.true_cluster = partition.true_cluster[index]
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
         self.reference = state_of(self.model)
@@ -199,6 +204,7 @@ class CentralNode:
                 await asyncio.sleep(self.send_delay)
             if kind == "train":
                 update, choice = await client.train(task)
+                update = self._as_adversary(update, task, choice)
                 self.record("train", train_loss=finite(update.meta["train_loss"]), choice=choice)
                 self.checkpoint()
                 body = {"kind": "update", "samples": self.data.samples,
@@ -215,8 +221,12 @@ class CentralNode:
             if not task.models:
                 raise WireError(f"a {kind} task needs the model w0")
             if kind == "partial":
+                partial = (dict(task.models[0]) if self.adversary == "free-rider" else
+                           await self._partial(task.models[0]))
+                if self.adversary == "noise-model":
+                    partial = noise_like(partial, self.round_seed)
                 return self.endpoint.message("model", {"kind": "update", "samples": self.data.samples, "meta": {}},
-                                             pack([await self._partial(task.models[0])]))
+                                             pack([partial]))
             names = task.names
             if len(names) != len(task.models) - 1:
                 raise WireError("a score task must name one node per partial model")
@@ -224,6 +234,16 @@ class CentralNode:
                                              self.data.x_val, self.data.y_val, self.device)
             self.record("scores", peers=names, values=values)
             return self.endpoint.message("scores", {"peers": names, "values": values, "meta": {}})
+
+    def _as_adversary(self, update: Update, task: Task, choice: int) -> Update:
+        """What a scripted adversary sends instead of its honest update: the model it was given back
+        (free-rider) or noise (noise-model). Label flipping needs nothing here: it trained on flipped labels."""
+        if self.adversary == "free-rider" and update.state is not None and task.candidates:
+            return Update(task.candidates[choice], update.samples, update.meta, update.extra, update.aux)
+        if self.adversary == "noise-model" and update.state is not None:
+            return Update(noise_like(update.state, self.round_seed), update.samples, update.meta,
+                          [noise_like(m, self.round_seed + 1) for m in update.extra], update.aux)
+        return update
 
     async def _partial(self, w0: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pf = self.scenario.pfedlia

@@ -34,6 +34,7 @@ from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, JOINING, SUSPECT, Change
 from p2pfed.net.transport import DeliveryError
+from p2pfed.node.adversary import flip_labels, noise_like
 from p2pfed.node.local_data import local_data
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
@@ -62,6 +63,10 @@ class LearningNode:
         data = local_data(scenario, index, dataset, partition)
         self.x_train, self.y_train, self.x_val, self.y_val = data.x_train, data.y_train, data.x_val, data.y_val
         self.x_test, self.y_test, self.samples = data.x_test, data.y_test, data.samples
+        self.adversary = scenario.adversary_of(index)  # a scripted adversary of the scenario, None if honest
+        if self.adversary == "label-flip":
+            self.y_train = flip_labels(self.y_train, dataset.num_classes)
+            self.y_val = flip_labels(self.y_val, dataset.num_classes)
         self.true_clusters = {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
         # Every node starts from the same seeded weights, as FedAvg's shared initial model.
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
@@ -99,9 +104,14 @@ class LearningNode:
         w0 = self.current_state()
         n = min(pf.lia_batch, len(self.y_train))
         x, y = self.x_train[:n], self.y_train[:n]  # the shard is already shuffled: its first n samples
-        partial = await asyncio.to_thread(partial_model, self.model, w0, x, y, epochs=pf.lia_epochs,
-                                          batch_size=self.cfg.batch_size, lr=pf.lia_lr,
-                                          seed=self.scenario.seed + self.index, device=self.device)
+        if self.adversary == "free-rider":
+            partial = {k: v.clone() for k, v in w0.items()}
+        else:
+            partial = await asyncio.to_thread(partial_model, self.model, w0, x, y, epochs=pf.lia_epochs,
+                                              batch_size=self.cfg.batch_size, lr=pf.lia_lr,
+                                              seed=self.scenario.seed + self.index, device=self.device)
+        if self.adversary == "noise-model":
+            partial = noise_like(partial, self.scenario.seed + self.index)
         self.kept["w0"], self.kept["partial"] = w0, partial
         save_atomic(self.kept, self.checkpoint_path.with_suffix(".kept"))
         return partial
@@ -117,6 +127,8 @@ class LearningNode:
                          meta: dict[str, Any] | None = None) -> int:
         if self.send_delay:
             await asyncio.sleep(self.send_delay)  # a scripted slow link
+        if self.adversary == "noise-model":
+            state = noise_like(state, self.scenario.seed * 100003 + self.index * 1009 + self.round)
         body = {"kind": kind, "samples": self.samples, "meta": meta or {}}
 
         async def one(peer: str) -> bool:
@@ -171,8 +183,10 @@ class LearningNode:
     def _on_peer_change(self, change: Change) -> None:
         """Let the method react to a peer that (re)appeared, e.g. re-announce whom this node chose."""
         react = getattr(self.method, "on_peer_change", None)
-        if react is None or change.new not in (ALIVE, "rejoined") or change.old in (ALIVE, SUSPECT):
-            return
+        peer = self.endpoint.peers.peers.get(change.name)
+        if (react is None or peer is None or peer.role != "node" or change.new not in (ALIVE, "rejoined")
+                or change.old in (ALIVE, SUSPECT)):
+            return  # only a learning peer that (re)appeared: not the bootstrap, not a coordinator
         task = asyncio.get_running_loop().create_task(react(change.name))
         self.background.add(task)
         task.add_done_callback(self.background.discard)
@@ -309,7 +323,9 @@ class LearningNode:
         seed = self.scenario.seed
         train_loss = None
         took_part = self.method.must_participate(rnd) or participates(seed, self.name, rnd, fraction)
-        if took_part:
+        if took_part and self.adversary == "free-rider":
+            await self.send_model(self.method.subscribers(rnd), "model", self.current_state())  # untrained
+        elif took_part:
             train_loss = await asyncio.to_thread(
                 train_epochs, self.model, self.x_train, self.y_train, epochs=self.cfg.epochs,
                 batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,

@@ -39,8 +39,10 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         if r["event"] == "round" and "accuracy" in r:
             last_round[r["node"]] = r  # nodes that never finished still count with their last evaluation
     per_node = {n: finals.get(n, last_round.get(n)) for n in set(finals) | set(last_round)}
-    accs = sorted(v["accuracy"] for v in per_node.values() if v and not math.isnan(v["accuracy"]))
-    f1s = [v["macro_f1"] for v in per_node.values() if v and not math.isnan(v["macro_f1"])]
+    adversaries: dict[str, str] = partition.get("adversaries", {})
+    honest = {n: v for n, v in per_node.items() if n not in adversaries}  # an adversary's accuracy is not counted
+    accs = sorted(v["accuracy"] for v in honest.values() if v and not math.isnan(v["accuracy"]))
+    f1s = [v["macro_f1"] for v in honest.values() if v and not math.isnan(v["macro_f1"])]
     k = max(1, math.ceil(0.05 * len(accs)))
     choices = {r["node"]: r["chosen"] for r in records if r["event"] == "lia"}
     ari = nmi = None
@@ -55,6 +57,9 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         members = sorted(n for n in found if n in true)
         ari = float(adjusted_rand_score([true[n] for n in members], [found[n] for n in members]))
         nmi = float(normalized_mutual_info_score([true[n] for n in members], [found[n] for n in members]))
+    excluded = {adv: _excluded_by(adv, choices if method_dir.name in CLUSTERING_METHODS else None, found,
+                                  [n for n in honest if true.get(n, -1) == true.get(adv, -2)])
+                for adv in adversaries}
     bytes_sent = sum(int(v.get("bytes_sent", 0)) for v in per_node.values() if v)
     bytes_sent += sum(int(r.get("bytes_sent", 0)) for r in coordinator if r["event"] == "final")
     return {
@@ -70,8 +75,24 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         # rounds nodes skipped to catch up with their peers (a finished node may not have run every round)
         "rounds_skipped": sum(int(r["skipped_to"]) - int(r["skipped_from"]) for r in records if r["event"] == "skip"),
         "crashed": run.get("crashed", {}),
+        # per adversary: its kind and the share of the honest nodes of its true cluster that keep it out (do not
+        # choose it, or are not clustered with it); None where a method has no such choice (FedAvg, local)
+        "adversaries": {a: {"kind": k, "excluded_by": excluded[a]} for a, k in adversaries.items()},
         "events": run.get("events", []),
     }
+
+
+def _excluded_by(adversary: str, choices: dict[str, list[str]] | None, found: dict[str, int],
+                 judges: list[str]) -> float | None:
+    """The share of judges (honest nodes) that keep the adversary out: their lazy-influence choice leaves it
+    out (pFedLIA p2p), or the coordinator's clusters put it elsewhere (clustered methods)."""
+    if choices:
+        votes = [adversary not in choices[j] for j in judges if j in choices]
+    elif found and adversary in found:
+        votes = [found.get(j) != found[adversary] for j in judges if j in found]
+    else:
+        return None
+    return sum(votes) / len(votes) if votes else None
 
 
 def write_report(run_dir: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from p2pfed.learn.models import MODELS
 from p2pfed.learn.partition import PARTITIONS
 
 ACTIONS = ("join", "leave", "crash", "slow")
+ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/node/adversary.py
 SCENARIO_TABLES = ("scenario", "data", "train", "pfedlia", "central", "mesh")
 
 
@@ -108,6 +109,14 @@ class Event:
 
 
 @dataclass
+class Adversary:
+    """A scripted adversary: node index poisons its data or models (p2pfed/node/adversary.py)."""
+
+    node: int = 0
+    kind: str = "label-flip"
+
+
+@dataclass
 class Scenario:
     """A whole experiment."""
 
@@ -124,11 +133,16 @@ class Scenario:
     central: CentralConfig = field(default_factory=CentralConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     events: list[Event] = field(default_factory=list)
+    adversaries: list[Adversary] = field(default_factory=list)
     path: str = ""
 
     def mesh_name(self, method: str) -> str:
         """The mesh a method's run of this scenario uses (each method its own, so runs never mix)."""
         return f"{self.name}-{method}"[:64]
+
+    def adversary_of(self, index: int) -> str | None:
+        """The kind of adversary node index is, None for an honest node."""
+        return next((a.kind for a in self.adversaries if a.node == index), None)
 
     def node_name(self, index: int) -> str:
         """The name of node index (n00, n01, ...), the same on every machine."""
@@ -196,6 +210,13 @@ class Scenario:
             raise ConfigError(f"{where}workers must be at least 1")
         if self.events and self.workers > 1 and not self.processes:
             raise ConfigError(f"{where}events need workers = 1 (all nodes here) or processes = true")
+        for i, adv in enumerate(self.adversaries):
+            if adv.kind not in ADVERSARIES:
+                raise ConfigError(f"{where}adversaries[{i}].kind must be one of {', '.join(ADVERSARIES)}")
+            if not 0 <= adv.node < self.nodes:
+                raise ConfigError(f"{where}adversaries[{i}].node {adv.node} is outside the scenario")
+        if len({a.node for a in self.adversaries}) < len(self.adversaries):
+            raise ConfigError(f"{where}adversaries: a node can be one adversary only")
         for i, ev in enumerate(self.events):
             if ev.action not in ACTIONS:
                 raise ConfigError(f"{where}events[{i}].action must be one of {', '.join(ACTIONS)}")
@@ -238,8 +259,9 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
         for key in SCENARIO_TABLES[1:]:
             if key in data:
                 flat[key] = data.pop(key)
-        if "events" in data:
-            flat["events"] = data.pop("events")
+        for key in ("events", "adversaries"):
+            if key in data:
+                flat[key] = data.pop(key)
         if data:
             raise ConfigError(f"unknown table [{sorted(data)[0]}]")
         scenario = fill(Scenario, flat, "")

@@ -312,6 +312,7 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
         "true_cluster": partition.true_cluster,
         "labels": [s.labels for s in partition.shards],
         "train": [len(s.train) for s in partition.shards],
+        "adversaries": {scenario.node_name(a.node): a.kind for a in scenario.adversaries},
     }))
     runs = {}
     for method in scenario.methods:
