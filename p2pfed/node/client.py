@@ -81,6 +81,7 @@ class CentralNode:
         self.send_delay = 0.0  # a scripted slow link: seconds before every answer
         self.lock = asyncio.Lock()
         self.finished = asyncio.Event()
+        self.final_recorded = False  # the finish task came (the coordinator may leave before finished is set)
         self.coordinator_left = asyncio.Event()
         self.metrics_path = out_dir / f"{self.name}.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"{self.name}.ckpt"
@@ -257,6 +258,7 @@ class CentralNode:
         cluster = task.groups[choice] if task.groups else -1
         metrics = {"accuracy": ev.accuracy, "loss": ev.loss, "macro_f1": ev.macro_f1}
         if final:
+            self.final_recorded = True
             self.record("final", **metrics, test_samples=ev.samples, cluster=cluster,
                         true_cluster=self.true_cluster, bytes_sent=self.endpoint.transport.bytes_sent)
             self.checkpoint()
@@ -287,7 +289,7 @@ class CentralNode:
         finally:
             for fut in (finished, left):
                 fut.cancel()
-        if not self.finished.is_set():
+        if not self.finished.is_set() and not self.final_recorded:
             log.warning("%s: the coordinator left before finishing the run", self.name)
         async with self.lock:  # let a task in progress end before the sockets close
             pass

@@ -78,8 +78,19 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         # per adversary: its kind and the share of the honest nodes of its true cluster that keep it out (do not
         # choose it, or are not clustered with it); None where a method has no such choice (FedAvg, local)
         "adversaries": {a: {"kind": k, "excluded_by": excluded[a]} for a, k in adversaries.items()},
+        # mean accuracy of the honest nodes of each true cluster (what an adversary in that cluster costs them)
+        "cluster_accuracy": {str(c): float(np.mean(v)) for c, v in _by_cluster(honest, true).items()},
         "events": run.get("events", []),
     }
+
+
+def _by_cluster(nodes: dict[str, Any], true: dict[str, int]) -> dict[int, list[float]]:
+    """The accuracies of nodes grouped by true cluster (clusters known only)."""
+    out: dict[int, list[float]] = {}
+    for n, v in sorted(nodes.items()):
+        if v and true.get(n, -1) >= 0 and not math.isnan(v["accuracy"]):
+            out.setdefault(true[n], []).append(v["accuracy"])
+    return out
 
 
 def _excluded_by(adversary: str, choices: dict[str, list[str]] | None, found: dict[str, int],

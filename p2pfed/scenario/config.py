@@ -260,8 +260,8 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
             if key in data:
                 flat[key] = data.pop(key)
         for key in ("events", "adversaries"):
-            if key in data:
-                flat[key] = data.pop(key)
+            if key in data:  # the file's [[events]], [[adversaries]]; --set scenario.KEY=[] replaces them
+                flat.setdefault(key, data.pop(key))
         if data:
             raise ConfigError(f"unknown table [{sorted(data)[0]}]")
         scenario = fill(Scenario, flat, "")
