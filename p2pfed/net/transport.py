@@ -401,8 +401,8 @@ class Transport:
                 elif event["event"] == zmq.EVENT_DISCONNECTED:
                     who = peers.pop(fd, "?")
                     self.refusals.info(f"closed:{who}", "%s: connection from %s closed (the peer left, or sent a "
-                                          "message over the %d MB cap)", self.name, who,
-                                          self.options.max_message_bytes >> 20)
+                                          "message over the %.3g MB cap)", self.name, who,
+                                          self.options.max_message_bytes / 2**20)
         finally:
             monitor.close(linger=0)
 

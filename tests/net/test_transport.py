@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 
 import pytest
@@ -152,12 +153,19 @@ async def test_garbage_is_dropped_with_one_log_line_and_the_node_keeps_running(
     assert any("unknown message type 'exec!'" in d for d in drops)
 
 
-async def test_message_size_is_capped_at_the_receiving_socket(transports: Make) -> None:
+async def test_message_size_is_capped_at_the_receiving_socket(transports: Make,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
     sender, receiver, got = pair(transports, options=TransportOptions(max_message_bytes=100_000))
-    with pytest.raises(DeliveryError, match="not acknowledged"):
+    with caplog.at_level(logging.INFO, logger="p2pfed"), pytest.raises(DeliveryError, match="not acknowledged"):
         await sender.request(receiver.address, model(w=torch.zeros(100_000)), timeout=1.5)
     # libzmq refused the frame at the socket: not a byte of it reached the codec (which would count a drop)
     assert got == [] and receiver.bytes_received == 0 and receiver.dropped == 0
+    # ... and said nothing: the monitor names the connection it closed
+    assert any(re.search(r"b: connection from 127\.0\.0\.1:\d+ closed .*over the 0\\.0954 MB cap", r.getMessage())
+               for r in caplog.records)
+    with pytest.raises(DeliveryError, match=r"exceeds max_message_mb"):  # the sender's own cap, before sending
+        await transports("c", options=TransportOptions(max_message_bytes=100_000)).request(
+            receiver.address, model(w=torch.zeros(100_000)), timeout=1.5)
     assert (await sender.request(receiver.address, model(w=torch.zeros(1000)), timeout=5)).body["ok"]
 
 
