@@ -129,10 +129,16 @@ async def test_a_flood_of_made_up_members_is_capped(members: Members, transports
     await friend.start("tcp://127.0.0.1:0", [target.address])
     await wait_until(lambda: states(target).get("friend") == ALIVE, what="friend alive")
     rogue = transports("mallory")
-    for i in range(300):  # ~1,100 of these exhausted libzmq's sockets and ended the heartbeat task
-        body = identity(rogue, address=f"tcp://127.0.0.1:{20000 + i}")
-        rogue.send_nowait(target.address, Message("heartbeat", f"fake{i}", body=body))
-    await wait_until(lambda: len(target.peers.peers) >= 40, what="the table to fill")
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)  # blocking sends: every one of the made-up heartbeats arrives
+    sock.connect(target.address)
+    try:
+        for i in range(300):  # ~1,100 of these exhausted libzmq's sockets and ended the heartbeat task
+            body = identity(rogue, address=f"tcp://127.0.0.1:{20000 + i}")
+            await sock.send_multipart(forge(Message("heartbeat", f"fake{i}", body=body)))
+        await wait_until(lambda: len(target.peers.peers) >= 40, what="the table to fill")
+    finally:
+        ctx.destroy(linger=0)
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         assert len(target.peers.peers) <= 40 and len(target.transport.dealers) <= 32, (

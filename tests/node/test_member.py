@@ -15,6 +15,8 @@ name = "caps"
 nodes = 2
 rounds = 1
 methods = ["fedavg-p2p"]
+[data]
+clusters = 1
 [mesh]
 heartbeat = 0.2
 dead_after = 9
