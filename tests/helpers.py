@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -58,3 +59,12 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.2)
+
+
+async def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll pred on the event loop until it holds; fail naming what was awaited after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout}s")
+        await asyncio.sleep(0.02)

@@ -28,6 +28,7 @@ from p2pfed.scenario.config import Scenario, load_scenario
 from p2pfed.scenario.runner import prepare_data
 from p2pfed.wire import DTYPES, WIRE_VERSION, Message, encode
 from p2pfed.wire.codec import tensor_frame
+from tests.helpers import wait_until
 
 FAST = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=6, join_timeout=1.0)
 Members = Callable[..., Endpoint]
@@ -57,14 +58,6 @@ def identity(transport: Transport, **changes: Any) -> dict[str, Any]:
 
 def states(e: Endpoint) -> dict[str, str]:
     return {p.name: p.state for p in e.peers.peers.values()}
-
-
-async def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        await asyncio.sleep(0.02)
 
 
 async def stays(pred: Callable[[], bool], seconds: float, what: str) -> None:

@@ -16,19 +16,10 @@ from p2pfed.net.endpoint import Endpoint, JoinError, MeshOptions, query_status
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT
 from p2pfed.net.transport import DeliveryError
 from p2pfed.wire import Message
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 FAST = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=6, join_timeout=1.0)
 Make = Callable[..., Endpoint]
-
-
-async def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll pred until it holds; fail naming what was awaited after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        await asyncio.sleep(0.02)
 
 
 def states(e: Endpoint) -> dict[str, str]:
