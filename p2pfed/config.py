@@ -79,15 +79,18 @@ class NodeConfig:
 
     def validate(self, where: str) -> None:
         """Raise ConfigError for values that cannot work."""
-        for key, value in [("bind", self.bind), ("advertise", self.advertise), *[("join", j) for j in self.join]]:
-            if value and not value.startswith("tcp://"):
-                raise ConfigError(f"{where}{key} must be a tcp://HOST:PORT address (got {value!r})")
-            if value and ":" not in value[len("tcp://"):]:
-                raise ConfigError(f"{where}{key} needs a port: tcp://HOST:PORT (got {value!r})")
+        from p2pfed.wire.messages import check_address, is_name
+
+        if not self.bind.startswith("tcp://") or ":" not in self.bind[len("tcp://"):]:
+            raise ConfigError(f"{where}bind must be tcp://IP:PORT (port 0 or * picks one; got {self.bind!r})")
+        for key, value in [("advertise", self.advertise), *[("join", j) for j in self.join]]:
+            problem = check_address(value) if value else ""
+            if problem:  # what peers would refuse, said now
+                raise ConfigError(f"{where}{key} {problem} (got {value!r})")
         if self.discovery and not self.discovery.startswith("mqtt://"):
             raise ConfigError(f"{where}discovery must be mqtt://BROKER:PORT/MESH (got {self.discovery!r})")
-        if self.name and (len(self.name) > 64 or not all(c.isalnum() or c in "-_." for c in self.name)):
-            raise ConfigError(f"{where}name must be letters, digits, '-', '_' or '.' (got {self.name!r})")
+        if self.name and not is_name(self.name):
+            raise ConfigError(f"{where}name must be up to 64 letters, digits, '-', '_' or '.' (got {self.name!r})")
         self.mesh.validate(f"{where}mesh.")
 
 

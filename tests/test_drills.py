@@ -5,7 +5,7 @@ an operator meets, and every node finishes the run.
 - mid-run, two nodes and the bootstrap are killed (SIGKILL) and restarted from their checkpoints;
 - later, host 3 is cut off for 50 s; the two sides go on alone and the cut-off side rejoins when its link
   returns.
-Needs root and iproute2; marked multihost (CI runs it: about 3 minutes).
+Needs root and iproute2; marked multihost (CI runs it: about 4 minutes).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SCENARIO = """
 name = "drill"
 seed = 0
 nodes = 8
-rounds = 500
+rounds = 400
 methods = ["pfedlia-p2p"]
 [data]
 dataset = "digits"
@@ -36,7 +36,7 @@ partition = "pathological"
 clusters = 2
 max_train = 64
 [train]
-epochs = 4  # rounds slow enough that the run outlasts the 50 s partition
+epochs = 4
 participation = 1.0
 round_timeout = 5
 [pfedlia]
@@ -46,6 +46,10 @@ lia_batch = 32
 [mesh]
 heartbeat = 0.5
 """
+# Every model waits this long before it is sent: a floor on a round's time, so that however fast the machine,
+# the run outlasts the partition and the healed mesh still has rounds to train together (on a fast CI machine
+# 500 rounds without it ended before the link came back).
+SEND_DELAY = 0.25
 HOST_OF = {i: 1 + i // 2 for i in range(8)}  # nodes 0,1 on host 1 (with the bootstrap), 2,3 on host 2, ...
 
 
@@ -59,6 +63,14 @@ def rounds_done(out: Path, index: int) -> int:
 
 def records(out: Path, index: int) -> list[dict]:
     return [json.loads(line) for line in (out / f"n{index:02d}.jsonl").read_text().splitlines()]
+
+
+def rounds_of(out: Path, index: int, after: float) -> list[dict]:
+    """The round records a node wrote after a time."""
+    path = out / f"n{index:02d}.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    whole = [json.loads(line) for line in lines if line.endswith("}")]  # the last line may be half-written
+    return [r for r in whole if r["event"] == "round" and r["time"] > after]
 
 
 def test_a_mesh_learns_through_a_capped_link_killed_members_and_a_healed_partition(tmp_path: Path) -> None:
@@ -76,7 +88,8 @@ def test_a_mesh_learns_through_a_capped_link_killed_members_and_a_healed_partiti
         def start_node(i: int) -> subprocess.Popen[bytes]:
             return p2pfed("node", "--join", boot, "--bind", f"tcp://0.0.0.0:{7100 + i}", "--scenario", str(scenario),
                           "--index", str(i), "--method", "pfedlia-p2p", "--out", str(out), "--wait-for", "7",
-                          "--mesh", "drill", log=tmp_path / f"n{i}.log", prefix=net.on(HOST_OF[i]))
+                          "--mesh", "drill", "--send-delay", str(SEND_DELAY), log=tmp_path / f"n{i}.log",
+                          prefix=net.on(HOST_OF[i]))
 
         procs: dict[str, subprocess.Popen[bytes]] = {"boot": start_boot()}
         procs.update({f"n{i}": start_node(i) for i in range(8)})
@@ -96,19 +109,20 @@ def test_a_mesh_learns_through_a_capped_link_killed_members_and_a_healed_partiti
             time.sleep(50)
             net.link(3, up=True)
             healed_at = time.time()
+            wait_for(lambda: any(r["received"] >= 2 for r in rounds_of(out, 4, after=healed_at)), 120,
+                     "node 4 to train with the other side again")
             for i in range(8):
                 assert procs[f"n{i}"].wait(300) == 0, f"n{i} exited with {procs[f'n{i}'].returncode}"
         finally:
             stop(*procs.values())
     for i in range(8):
         mine = records(out, i)
-        assert mine[-1]["event"] == "final" and mine[-1]["round"] == 499, f"n{i} did not finish the run"
+        assert mine[-1]["event"] == "final" and mine[-1]["round"] == 399, f"n{i} did not finish the run"
         assert mine[-1]["accuracy"] > 0.7, (i, mine[-1]["accuracy"])
     for i in (2, 3):
         assert "resumed from its checkpoint" in (tmp_path / f"n{i}.log").read_text()
         assert len([r for r in records(out, i) if r["event"] == "lia"]) == 1  # its choice came back with it
     # the cut-off side went on alone, then trained with the others again once its link returned
     cut = [r for r in records(out, 4) if r["event"] == "round" and cut_at + 10 < r["time"] < healed_at]
-    after = [r for r in records(out, 4) if r["event"] == "round" and r["time"] > healed_at + 15]
     assert cut and max(r["received"] for r in cut) <= 1  # only node 5, on its own host, was heard
-    assert after and max(r["received"] for r in after) >= 2, "the partition did not heal"
+    assert any(r["received"] >= 2 for r in rounds_of(out, 4, after=healed_at))  # and it healed (waited for above)

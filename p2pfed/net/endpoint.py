@@ -33,8 +33,8 @@ from p2pfed.net import security
 from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
 from p2pfed.net.throttle import LogLimiter
 from p2pfed.net.transport import BadAddress, DeliveryError, Handler, Refusal, Transport, TransportOptions
-from p2pfed.wire import Message, WireError
-from p2pfed.wire.messages import MAX_PEERS_LISTED
+from p2pfed.wire import Message, TryLater, WireError
+from p2pfed.wire.messages import MAX_PEERS_LISTED, check_address
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,9 @@ class Endpoint:
         self.on_change: list[Callable[[Change], None]] = []
         self.changed = asyncio.Event()
         self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options)
-        # At the connection cap, keep the connections to the peers heard from most recently.
-        self.transport.keep_scores = lambda: {p.address: p.last_seen for p in self.peers.peers.values()}
+        # At the connection cap, keep the connections to the peers heard from most recently (never-heard first out).
+        self.transport.keep_scores = lambda: {p.address: p.last_seen if p.state != JOINING else float("-inf")
+                                              for p in self.peers.peers.values()}
         self.address = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.joined = asyncio.Event()
@@ -137,6 +138,11 @@ class Endpoint:
         bound = self.transport.bind(bind)
         join = [a for a in (join or []) if a]
         self.address = advertise or advertised_address(bound, join[0] if join else None)
+        problem = check_address(self.address)
+        if problem:  # peers would refuse every message that carries it: say so now, not in every heartbeat
+            await self.transport.close()
+            raise ValueError(f"{self.name}: the address to advertise, {self.address!r}, {problem}; "
+                             "pass --advertise tcp://HOST:PORT")
         log.info("%s: %s listening on %s (mesh %s%s)", self.name, self.role, self.address, self.options.mesh,
                  ", CURVE" if self.keys else "")
         loop = asyncio.get_running_loop()
@@ -258,19 +264,22 @@ class Endpoint:
 
     async def _join_loop(self, addresses: list[str]) -> None:
         delay = 0.5
-        key = self._join_server_key()
         give_up = time.monotonic() + self.options.join_give_up
         refusals: dict[str, int] = {}
         try:
+            key = self._join_server_key()
             while not self.joined.is_set():
                 for address in addresses:
                     hello = self.message("hello", self.identity())
                     self.transport.watch(address, key)
                     try:
                         reply = await self.transport.request(address, hello, self.options.join_timeout, key)
-                    except Refusal as exc:  # the other side told why: it will not change by retrying for long
+                    except Refusal as exc:  # the other side told why
                         self._last_join_problem = f"{address}: {exc.reason}"
                         self.transport.forget(address)
+                        if exc.retry:  # e.g. our previous process is not silent yet: it will be
+                            log.info("%s: join through %s not yet: %s; retrying", self.name, address, exc.reason)
+                            continue
                         refusals[exc.reason] = refusals.get(exc.reason, 0) + 1
                         log.warning("%s: join through %s refused: %s", self.name, address, exc.reason)
                         if refusals[exc.reason] >= self.options.join_refusals:
@@ -304,6 +313,9 @@ class Endpoint:
         except JoinError as exc:
             self.join_error = exc
             log.error("%s", exc)
+        except Exception as exc:  # anything else ends the join too, and says so (it is not a success)
+            self.join_error = JoinError(f"{self.name} could not join mesh {self.options.mesh!r}: {exc}")
+            log.exception("%s: the join failed", self.name)
         finally:
             self.join_ended.set()
 
@@ -355,9 +367,10 @@ class Endpoint:
         old_address = old.address if old else None
         try:
             change = self.peers.heard_from(msg.sender, body["address"], body["role"], body["incarnation"],
-                                           body["pubkey"], body["round"], body["heartbeat"])
+                                           body["pubkey"], body["round"], body["heartbeat"],
+                                           authenticated=self.keys is not None)  # _check_key bound name to key
         except Refused as exc:
-            raise WireError(str(exc)) from None
+            raise (TryLater if exc.transient else WireError)(str(exc)) from None
         if old_address and old_address != body["address"]:
             self.transport.forget(old_address)
         if change and change.old in (None, JOINING, DEAD, LEFT) and msg.type != "hello":

@@ -3,9 +3,12 @@
 Pure bookkeeping, no sockets. Liveness comes only from direct contact (a message from the peer itself);
 gossip only introduces peers, so stale gossip can never revive a dead peer. Each process start has a new
 incarnation number (its start time in ns), so a node that restarts with the same name replaces its old
-entry, but a name that is alive at one address cannot be taken from another (a restart on another address
-is taken once the old process is silent), and an incarnation from the future is refused. At most
-``max_peers`` members are known: a new name beyond that replaces a long-dead one or is refused.
+entry. Unless the sender is authenticated (a keyed mesh binds names to keys), a live member's entry
+cannot be taken: a new incarnation is taken once the old process has missed a heartbeat period (a
+restart elsewhere, once it is suspect), the same incarnation never moves to another address, and an
+incarnation more than ten minutes in the future is refused. At most ``max_peers`` members are known, and
+at most a quarter of them introduced by gossip without being heard from yet: a new name beyond that
+replaces a long-dead or never-heard one, or is refused for now.
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ from typing import Any
 
 JOINING, ALIVE, SUSPECT, DEAD, LEFT = "joining", "alive", "suspect", "dead", "left"
 LIVE_STATES = frozenset({ALIVE, SUSPECT})
-MAX_FUTURE_NS = 24 * 3600 * 10**9  # an incarnation (a start time) more than a day ahead of our clock is made up
+MAX_FUTURE_NS = 600 * 10**9  # an incarnation (a start time) ten minutes ahead of our clock is made up
 MAX_PERIOD_RATIO = 10.0  # a peer's slower heartbeat stretches our patience at most this much
 
 
 class Refused(ValueError):
-    """Contact from a peer that this table will not take (the message is refused, the table unchanged)."""
+    """Contact from a peer that this table will not take (the message is refused, the table unchanged);
+    transient when it may be taken later (the old process of its name has not fallen silent yet)."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass
@@ -77,37 +85,53 @@ class PeerTable:
     wall_ns: Callable[[], int] = time.time_ns
     peers: dict[str, Peer] = field(default_factory=dict)
 
-    def _room_for(self, name: str) -> bool:
-        """True if name is known or may be added (making room by forgetting the longest-dead peer)."""
-        if name in self.peers or len(self.peers) < self.max_peers:
+    def _room_for(self, name: str, heard: bool) -> bool:
+        """True if name is known or may be added: making room by forgetting the longest-dead peer, or, for a
+        peer heard from directly, the oldest one only introduced by gossip. Gossip alone may fill at most a
+        quarter of the table (so made-up names in gossip cannot keep real members out)."""
+        if name in self.peers:
+            return True
+        if not heard and sum(p.state == JOINING for p in self.peers.values()) >= max(1, self.max_peers // 4):
+            return False
+        if len(self.peers) < self.max_peers:
             return True
         gone = [p for p in self.peers.values() if p.state in (DEAD, LEFT)]
-        if not gone:
-            return False
-        del self.peers[min(gone, key=lambda p: p.dead_since or 0.0).name]
-        return True
+        if gone:
+            del self.peers[min(gone, key=lambda p: p.dead_since or 0.0).name]
+            return True
+        unheard = [p for p in self.peers.values() if p.state == JOINING]
+        if heard and unheard:
+            del self.peers[min(unheard, key=lambda p: p.last_seen).name]
+            return True
+        return False
 
     def heard_from(
-        self, name: str, address: str, role: str, incarnation: int, pubkey: str, round_: int, period: float = 0.0
+        self, name: str, address: str, role: str, incarnation: int, pubkey: str, round_: int, period: float = 0.0,
+        authenticated: bool = False,
     ) -> Change | None:
         """Record direct contact from a peer; return the state change it caused, if any. Raise Refused for
-        contact that would take a live member's name, come from the future, or exceed max_peers."""
+        contact that would take a live member's entry (unless the sender is authenticated: its key proves
+        its name), come from the future, or exceed max_peers."""
         if name == self.me:
             return None
         if incarnation > self.wall_ns() + MAX_FUTURE_NS:
-            raise Refused(f"{name} claims an incarnation (start time) more than a day in the future")
+            raise Refused(f"{name} claims an incarnation (start time) more than ten minutes in the future")
         now = self.clock()
         peer = self.peers.get(name)
         if peer is None:
-            if not self._room_for(name):
-                raise Refused(f"{self.max_peers} members are known and alive; not taking {name}")
+            if not self._room_for(name, heard=True):
+                raise Refused(f"{self.max_peers} members are known and alive; not taking {name} now", transient=True)
             self.peers[name] = Peer(name, address, role, incarnation, pubkey, ALIVE, now, round_, period=period)
             return Change(name, None, ALIVE)
         if incarnation < peer.incarnation:
             return None  # a message of a process that has since restarted
-        if incarnation > peer.incarnation and peer.state == ALIVE and address != peer.address:
-            raise Refused(f"{name} is alive at {peer.address}; a new process of that name elsewhere is taken "
-                          "once the old one falls silent")
+        if not authenticated and peer.state == ALIVE and peer.incarnation:
+            if incarnation == peer.incarnation and address != peer.address:
+                raise Refused(f"{name} is at {peer.address}; its process does not move to {address}")
+            silent = now - peer.last_seen >= max(self.period, min(peer.period, MAX_PERIOD_RATIO * self.period))
+            if incarnation > peer.incarnation and (address != peer.address or not silent):
+                raise Refused(f"{name} is alive at {peer.address}; a new process of that name is taken once the "
+                              "old one has fallen silent", transient=True)
         restarted = incarnation > peer.incarnation and peer.incarnation != 0
         old = peer.state
         peer.address, peer.role, peer.incarnation, peer.pubkey = address, role, incarnation, pubkey
@@ -139,11 +163,12 @@ class PeerTable:
             return False
         if peer is not None and peer.state in LIVE_STATES:
             return False  # we hear from it ourselves; our own contact decides
-        if info["incarnation"] > self.wall_ns() + MAX_FUTURE_NS or not self._room_for(name):
+        if info["incarnation"] > self.wall_ns() + MAX_FUTURE_NS or not self._room_for(name, heard=False):
             return False
+        # An entry gossip keeps renewing must still fall silent on time: it keeps its first introduction's time.
+        since = peer.last_seen if peer is not None and peer.state == JOINING else self.clock()
         self.peers[name] = Peer(
-            name, info["address"], info["role"], info["incarnation"], info["pubkey"], JOINING, self.clock(),
-            info["round"],
+            name, info["address"], info["role"], info["incarnation"], info["pubkey"], JOINING, since, info["round"],
         )
         return True
 

@@ -30,8 +30,9 @@ class LogLimiter:
         """log.info(msg, *args), within the same limits."""
         self.emit(logging.INFO, key, msg, *args)
 
-    def emit(self, level: int, key: str, msg: str, *args: object) -> None:
-        """Log msg at level unless key (or everyone) has had its share of lines in this window."""
+    def emit(self, level: int, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
+        """Log msg at level (with the exception being handled if exc_info) unless key (or everyone) has had
+        its share of lines in this window."""
         now = self.clock()
         if now - self.start >= self.window:
             if self.held:
@@ -54,7 +55,7 @@ class LogLimiter:
             return
         entry[1] += 1
         self.lines += 1
-        self.log.log(level, msg, *args)
+        self.log.log(level, msg, *args, exc_info=exc_info)
 
 
 class RateLimiter:

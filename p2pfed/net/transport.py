@@ -8,11 +8,12 @@ Delivery rules (DESIGN.md, "no silent loss"):
   (awaited, never dropped) at the high-water mark. The ROUTER is ZMQ_ROUTER_MANDATORY, so a reply that
   cannot be routed raises instead of vanishing.
 - ZMQ_MAXMSGSIZE caps what a peer may send; a larger message disconnects that peer (a socket monitor logs
-  every inbound connection that closes, with the peer's address).
-- Bounded cost per sender: at most ``max_dealers`` outgoing connections (the least recently used idle one
-  is closed for a new one), inbound messages handled at most ``rate`` per second per connection, the
-  receive loop yields to the event loop every few messages so heartbeats keep their period under a
-  flood, and refusals are logged a few lines per sender and window, each echoing at most ~200 characters.
+  inbound connections that close, with the peer's address, a few lines per address and window).
+- Bounded cost per sender: at most ``max_dealers`` outgoing connections (the idle one scored lowest by
+  ``keep_scores``, else the least recently used, is closed for a new one), inbound messages decoded at
+  most ``rate`` per second per connection (the rest are dropped undecoded), the receive loop yields to the
+  event loop every few messages so heartbeats keep their period under a flood and survives any error of
+  one message, and refusals are logged a few lines per sender and window, each echoing ~200 characters.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import socket
 import typing
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +41,11 @@ from p2pfed.wire import (
     SCHEMAS,
     Limits,
     Message,
+    TryLater,
     WireError,
     decode,
     encode,
     peek,
-    peek_field,
-    peek_sender,
 )
 from p2pfed.wire.messages import clip, cut
 
@@ -62,11 +63,13 @@ class BadAddress(DeliveryError):
 
 
 class Refusal(DeliveryError):
-    """The other side said no (a negative ack, or a handshake it refused): reason says why, in its words."""
+    """The other side said no (a negative ack, or a handshake it refused): reason says why, in its words;
+    retry says it may say yes later (e.g. a restarted member whose old process is not silent yet)."""
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: str, retry: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
+        self.retry = retry
 
 
 # What a connection's handshake failure means, for the member that tried (libzmq's monitor events).
@@ -88,7 +91,7 @@ class TransportOptions:
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 2000
     socket_buffer_bytes: int = -1  # -1 keeps the kernel's autotuning, which beat fixed sizes on loopback
-    max_dealers: int = 512  # open outgoing connections; the least recently used idle one makes room
+    max_dealers: int = 1024  # open outgoing connections (as many as members known); an idle one makes room
     rate: float = 500.0  # inbound messages handled per second and connection (bursts of 2x): above, dropped
     yield_every: int = 16  # the receive loop lets other tasks run after this many messages in a row
 
@@ -112,10 +115,14 @@ class Transport:
         self.limits = Limits(**{**limits.__dict__, "max_message_bytes": self.options.max_message_bytes})
         # One context per node: the ZAP allow-list is per context, and nodes of one process may differ.
         self.ctx = zmq.asyncio.Context()
-        # libzmq's default of 1,023 sockets per context is below what the dealer cap may need.
+        # libzmq's default of 1,023 sockets per context is below what the dealer cap may need, and each
+        # socket holds a file or two: raise both limits to what the cap needs.
         self.ctx.setsockopt(zmq.MAX_SOCKETS, self.options.max_dealers + 64)
+        _allow_open_files(3 * self.options.max_dealers + 256)
         self.auth = security.start_authenticator(self.ctx, keys) if keys else None
         self.router: zmq.asyncio.Socket | None = None
+        self.monitor: zmq.asyncio.Socket | None = None
+        self.connections: dict[int, str] = {}  # inbound connections the monitor has seen: fd -> host:port
         self.address = ""
         self.dealers: OrderedDict[str, zmq.asyncio.Socket] = OrderedDict()  # least recently used first
         # When the dealer cap is reached, which connection to close: the member sets this to score addresses
@@ -132,6 +139,7 @@ class Transport:
         self.bytes_received = 0
         self.dropped = 0
         self.refusals = LogLimiter(log)
+        self.closings = LogLimiter(log)  # closed connections: their own budget, not the refusals'
         self.inbound = RateLimiter(self.options.rate, 2 * self.options.rate)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -160,8 +168,8 @@ class Transport:
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         loop = asyncio.get_running_loop()
         self.tasks.append(loop.create_task(self._receive_loop(), name=f"{self.name}-recv"))
-        self.tasks.append(loop.create_task(self._watch_connections(sock.get_monitor_socket(
-            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)), name=f"{self.name}-monitor"))
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self.tasks.append(loop.create_task(self._watch_connections(self.monitor), name=f"{self.name}-monitor"))
         return self.address
 
     async def close(self, linger_ms: int = 0) -> None:
@@ -178,8 +186,10 @@ class Transport:
             sock.close(linger=linger_ms)
         self.dealers.clear()
         self.dealer_tasks.clear()
+        if self.monitor is not None:  # closed here too: a task cancelled before its first step skips its finally
+            self.monitor.close(linger=0)
         if self.router is not None:
-            self.router.close(linger=0)  # its monitor goes with it (disable_monitor() can block at this point)
+            self.router.close(linger=0)  # not disable_monitor(): it can block at this point
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
@@ -236,7 +246,10 @@ class Transport:
 
     def watch(self, address: str, server_key: bytes | None = None) -> None:
         """Follow the handshakes of the connection to address, so that a request to it that is not answered
-        says why when the other side told (a refused key, a keyed mesh met without keys): for joins."""
+        says why when the other side told (a refused key, a keyed mesh met without keys): for joins. The watch
+        lasts as long as the connection (forget ends both, the socket first): a monitor closed while its socket
+        lives blocks libzmq's I/O thread at that socket's next event (e.g. a reconnect), and with it every
+        socket of the context."""
         sock = self._dealer(address, server_key)
         if f"watch:{address}" in self.dealer_tasks:
             return
@@ -302,7 +315,7 @@ class Transport:
             sock = self._dealer(address, server_key)
             async with asyncio.timeout(timeout):
                 await sock.send_multipart(frames, copy=False)
-                self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+                self.bytes_sent += size
                 reply = await fut
         except TimeoutError:
             what = f"{msg.type} {msg.id[:8]} to {address} not acknowledged within {timeout:g}s"
@@ -325,7 +338,7 @@ class Transport:
                 del self.in_flight[address]
         if reply.type == "ack" and not reply.body["ok"]:
             reason = cut(reply.body["reason"])
-            raise Refusal(f"{address} refused {msg.type}: {reason}", reason)
+            raise Refusal(f"{address} refused {msg.type}: {reason}", reason, bool(reply.body.get("retry", False)))
         return reply
 
     async def _dealer_loop(self, address: str, sock: zmq.asyncio.Socket) -> None:
@@ -335,10 +348,11 @@ class Transport:
                 reply = decode([f.buffer for f in frames], self.limits)
             except WireError as exc:
                 self.dropped += 1
-                self.refusals.warning(address, "%s: dropped reply from %s (%s): %s", self.name,
-                                      peek_sender(frames[0].buffer), address, cut(str(exc)))
+                seen = peek(frames[0].buffer)
+                self.refusals.warning(address, "%s: dropped reply from %s (%s): %s", self.name, seen["sender"],
+                                      address, cut(str(exc)))
                 # The request it answers fails now rather than at its timeout (the reply came and was bad).
-                fut = self.pending.get(peek_field(frames[0].buffer, "id"))
+                fut = self.pending.get(seen["id"])
                 if fut is not None and not fut.done():
                     fut.set_exception(DeliveryError(f"reply from {address} refused: {exc}"))
                 continue
@@ -358,40 +372,52 @@ class Transport:
             if in_a_row >= self.options.yield_every:
                 in_a_row = 0
                 await asyncio.sleep(0)
-            routing_id, parts = frames[0].bytes, frames[1:]
-            self.bytes_received += sum(len(f) for f in parts)
-            origin = str(frames[1].get("Peer-Address") or "?") if len(frames) > 1 else "?"
-            if not self.inbound.allow(routing_id):
-                self.dropped += 1
-                self.refusals.warning(f"flood:{origin}", "%s: dropping messages from a connection at %s: more "
-                                      "than %.0f a second", self.name, origin, self.options.rate)
-                continue
             try:
-                msg = decode([f.buffer for f in parts], self.limits)
-            except WireError as exc:
+                self._received(frames)
+            except Exception:  # a bug about one message must never end the member's receiving
                 self.dropped += 1
-                seen = peek(parts[0].buffer) if parts else {"sender": "?", "type": "?", "id": "?"}
-                self.refusals.warning(f"{seen['sender']}@{origin}", "%s: dropped %s from %s at %s: %s", self.name,
-                                      "message" if seen["type"] == "?" else seen["type"], seen["sender"], origin,
-                                      cut(str(exc)))
-                if seen["type"] in SCHEMAS and seen["type"] not in NO_REPLY and seen["id"] != "?":
-                    # A request we can tell apart is told why, at once: its sender need not wait for a timeout.
-                    refusal = Message("ack", self.name, id=seen["id"],
-                                      body={"ref": seen["id"], "ok": False, "reason": cut(str(exc))})
-                    task = asyncio.get_running_loop().create_task(self.reply(routing_id, refusal))
-                    self.handling.add(task)
-                    task.add_done_callback(self.handling.discard)
-                continue
-            if self.keys is not None:
-                msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
-            task = asyncio.get_running_loop().create_task(self._handle(routing_id, msg))
-            self.handling.add(task)
-            task.add_done_callback(self.handling.discard)
+                self.refusals.emit(logging.ERROR, "receive-bug", "%s: a received message could not be handled",
+                                   self.name, exc_info=True)
+
+    def _received(self, frames: list[zmq.Frame]) -> None:
+        """Decode one received message and hand it to a handler task (or drop it, saying why)."""
+        routing_id, parts = frames[0].bytes, frames[1:]
+        self.bytes_received += sum(len(f) for f in parts)
+        if not self.inbound.allow(routing_id):
+            self.dropped += 1
+            origin = str(frames[1].get("Peer-Address") or "?") if len(frames) > 1 else "?"
+            self.refusals.warning(f"flood:{origin}", "%s: dropping messages from a connection at %s: more than "
+                                  "%.0f a second", self.name, origin, self.options.rate)
+            return
+        try:
+            msg = decode([f.buffer for f in parts], self.limits)
+        except WireError as exc:
+            self.dropped += 1
+            origin = str(frames[1].get("Peer-Address") or "?") if len(frames) > 1 else "?"
+            seen = peek(parts[0].buffer) if parts else {"sender": "?", "type": "?", "id": "?"}
+            self.refusals.warning(f"{seen['sender']}@{origin}", "%s: dropped %s from %s at %s: %s", self.name,
+                                  "message" if seen["type"] == "?" else seen["type"], seen["sender"], origin,
+                                  cut(str(exc)))
+            if seen["type"] in SCHEMAS and seen["type"] not in NO_REPLY and seen["id"] != "?":
+                # A request we can tell apart is told why, at once: its sender need not wait for a timeout.
+                refusal = Message("ack", self.name, id=seen["id"],
+                                  body={"ref": seen["id"], "ok": False, "reason": cut(str(exc))})
+                self._spawn(self.reply(routing_id, refusal))
+            return
+        if self.keys is not None:
+            msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
+        self._spawn(self._handle(routing_id, msg))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.handling.add(task)
+        task.add_done_callback(self.handling.discard)
 
     async def _watch_connections(self, monitor: zmq.asyncio.Socket) -> None:
         """Log every inbound connection that closes, with the peer's address: libzmq closes the connection of
-        a peer whose message exceeds max_message_mb without telling anyone else."""
-        peers: dict[int, str] = {}
+        a peer whose message exceeds max_message_mb without telling anyone else. A connection closed before the
+        monitor saw it open (its first message was already too large) cannot be named any more."""
+        peers = self.connections
         try:
             while True:
                 event = await recv_monitor_message(monitor)
@@ -399,8 +425,8 @@ class Transport:
                 if event["event"] == zmq.EVENT_ACCEPTED:
                     peers[fd] = _peer_of(fd)
                 elif event["event"] == zmq.EVENT_DISCONNECTED:
-                    who = peers.pop(fd, "?")
-                    self.refusals.info(f"closed:{who}", "%s: connection from %s closed (the peer left, or sent a "
+                    who = peers.pop(fd, "an address closed before it was seen")
+                    self.closings.info(who, "%s: connection from %s closed (the peer left, or sent a "
                                           "message over the %.3g MB cap)", self.name, who,
                                           self.options.max_message_bytes / 2**20)
         finally:
@@ -413,9 +439,11 @@ class Transport:
             self.dropped += 1
             reason = cut(str(exc))
             self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender, reason)
-            reply = Message("ack", self.name, body={"ref": msg.id, "ok": False, "reason": reason})
+            body = {"ref": msg.id, "ok": False, "reason": reason}
+            reply = Message("ack", self.name, body={**body, "retry": True} if isinstance(exc, TryLater) else body)
         except Exception as exc:
-            log.exception("%s: handling %s from %s failed", self.name, msg.type, msg.sender)
+            self.refusals.emit(logging.ERROR, f"bug:{msg.sender}", "%s: handling %s from %s failed", self.name,
+                               msg.type, msg.sender, exc_info=True)
             reply = Message("ack", self.name, body={"ref": msg.id, "ok": False, "reason": clip(exc, 300)})
         if msg.type in NO_REPLY:
             return
@@ -437,10 +465,19 @@ class Transport:
 
 
 def _peer_of(fd: int) -> str:
-    """host:port of the remote end of a connected TCP socket, "?" if it cannot be told."""
+    """host:port of the remote end of a connected TCP socket, or why it cannot be told."""
     try:
         with socket.socket(fileno=socket.dup(fd)) as conn:
             host, port = conn.getpeername()[:2]
             return f"{host}:{port}"
     except OSError:
-        return "?"
+        return "an address closed before it was seen"
+
+
+def _allow_open_files(needed: int) -> None:
+    """Raise this process's soft limit of open files towards needed (never past its hard limit)."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))

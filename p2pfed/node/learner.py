@@ -208,12 +208,12 @@ class LearningNode:
     # -- handlers (every received message is validated before it is used) ------------------------
     async def _on_model(self, msg: Message) -> Message | None:
         kind = msg.body["kind"]
+        if msg.round < self.round:
+            return None  # a straggler's model of a round this node has finished: of no use any more
         self._check_expected(msg, kind)
         check_tensors(msg.tensors, self.reference)
         if msg.body["samples"] <= 0:
             raise WireError("a model needs a positive sample count")
-        if msg.round < self.round:
-            return None  # a straggler's model of a round this node has finished: of no use any more
         # The tensors are read-only views of the received frames (no copy): averaging and load_state_dict
         # read them, nothing writes to them.
         self.inbox.setdefault((kind, msg.round), {})[msg.sender] = {"state": msg.tensors,
@@ -224,7 +224,7 @@ class LearningNode:
 
     def _check_expected(self, msg: Message, kind: str) -> None:
         """Refuse what this node's method does not expect: the kind from this sender for this round, a round
-        outside [current, current + AHEAD], or a second message of the kind from the sender for the round."""
+        past current + AHEAD, or a second message of the kind from the sender for the round."""
         if msg.round > self.round + AHEAD:
             raise WireError(f"{kind} for round {msg.round} is beyond this node's rounds {self.round}.."
                             f"{self.round + AHEAD}")
@@ -245,10 +245,16 @@ class LearningNode:
             raise WireError("scores: peers and values differ in length")
         if msg.sender not in self.endpoint.peers.peers:
             raise WireError(f"{msg.sender} is not a member {self.name} knows")
+        if msg.round > self.round + AHEAD:
+            raise WireError(f"choices for round {msg.round} are beyond this node's rounds {self.round}.."
+                            f"{self.round + AHEAD}")
+        # A choice made in a past round still holds (a late joiner's, or a restarted node's choice announced
+        # again): the method takes it; only the inbox, which serves rounds still to be collected, skips it.
         on_choices = getattr(self.method, "on_choices", None)
         if on_choices is not None:
             on_choices(msg.sender, msg.body["peers"])
-        self.inbox.setdefault(("choices", msg.round), {})[msg.sender] = {"peers": msg.body["peers"]}
+        if msg.round >= self.round:
+            self.inbox.setdefault(("choices", msg.round), {})[msg.sender] = {"peers": msg.body["peers"]}
         self.arrivals.set()
         self.arrivals = asyncio.Event()
         return None
@@ -259,6 +265,8 @@ class LearningNode:
         resumed = self.restore()
         if resumed is not None:
             start_round = max(start_round, resumed + 1)
+        # Peers may send this round's models while this node waits to start: take them.
+        self.round = self.endpoint.round = start_round
         deadline = time.monotonic() + start_timeout
         # A restarted node does not wait for the run to start: the others have (some may have finished).
         while resumed is None and self.peers_seen() < wait_for_peers and time.monotonic() < deadline:
@@ -272,7 +280,7 @@ class LearningNode:
         if start_round > 0 and resumed is None:  # a late joiner starts at the mesh's round (not a skip)
             rnd = max(start_round, min(self.mesh_round(start_round), self.scenario.rounds - 1))
         while rnd < self.scenario.rounds:
-            rnd = await self.run_round(self.catch_up(rnd, rnd + 2))
+            rnd = await self.run_round(self.catch_up(rnd))
             rnd += 1
         self.record("final", **self.final_metrics())
 
@@ -289,12 +297,12 @@ class LearningNode:
         quorum = max(min(len(rounds), 2), (len(rounds) + 1) // 2)
         return rounds[quorum - 1] if rounds else 0
 
-    def catch_up(self, rnd: int, least: int) -> int:
-        """The round to run next: rnd, or the mesh's round if that is at least least (a straggler, a restarted
-        node or a late joiner catches up instead of timing out), never past the scenario's last round. A skip
-        is logged and recorded."""
+    def catch_up(self, rnd: int) -> int:
+        """The round to run next: rnd, or the mesh's round if that is two or more ahead (a straggler, a
+        restarted node or a late joiner catches up instead of timing out), never past the scenario's last
+        round. A skip is logged and recorded."""
         ahead = min(self.mesh_round(rnd), self.scenario.rounds - 1)
-        if ahead < max(least, rnd + 1):
+        if ahead < rnd + 2:
             return rnd
         log.info("%s: catching up from round %d to the mesh's round %d", self.name, rnd, ahead)
         self.record("skip", skipped_from=rnd, skipped_to=ahead)
@@ -315,7 +323,7 @@ class LearningNode:
             # them): keep it now, so a crash later in this round resumes with it instead of choosing again.
             self.checkpoint(rnd - 1)
             # A late joiner's choice took its fetches' time: its chosen peers may be far ahead by now.
-            rnd = self.round = self.endpoint.round = self.catch_up(rnd, rnd + 2)
+            rnd = self.round = self.endpoint.round = self.catch_up(rnd)
         # Who counts in this round, as the round starts: a source that sends its model and then finishes
         # the run (and leaves) before this node collects still counts.
         counted = self.method.sources(rnd)

@@ -45,6 +45,10 @@ class WireError(ValueError):
     """A received message broke a rule of the wire protocol; it is dropped."""
 
 
+class TryLater(WireError):
+    """A message refused for now, not for good (its sender is told it may retry)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Explicit bounds for decoding; generous for models, tight for everything else."""
@@ -230,7 +234,7 @@ def _decode_tensor(spec: Any, frame: Any, limits: Limits, check_finite: bool) ->
     name, dname, shape = spec
     if not isinstance(name, str) or not name or len(name) > limits.max_name_len:
         raise WireError("tensor name must be a non-empty short string")
-    if dname not in DTYPES:
+    if not isinstance(dname, str) or dname not in DTYPES:
         raise WireError(f"tensor {clip(name, 80)}: dtype {clip(dname, 40)} is not allowed")
     if (
         not isinstance(shape, list)

@@ -112,7 +112,7 @@ class Address:
     max_len: int = 256
 
 
-LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"  # '_' too: container and lab host names use it
 HOSTNAME = re.compile(rf"(?=.{{1,253}}$){LABEL}(\.{LABEL})*")
 
 
@@ -166,11 +166,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "status_req": {},
     "status": {**IDENTITY, "name": NAME_SPEC, "peers": PEERS},
     # delivery
-    "ack": {"ref": Text(64), "ok": bool, "reason": Text(512)},
+    "ack": {"ref": Text(64), "ok": bool, "reason": Text(512), "retry": Opt(bool)},
     # learning: a model (or part of one) as tensors, with what it is for and metadata
     "model": {"kind": KIND, "samples": Int(0, 1 << 40), "meta": AnyMap()},
     "request": {"kind": KIND, "meta": AnyMap()},
-    "scores": {"peers": Many(NAME_SPEC, MAX_LIST), "values": [float], "meta": AnyMap()},
+    "scores": {"peers": Many(NAME_SPEC, MAX_PEERS_LISTED), "values": Many(float, MAX_PEERS_LISTED), "meta": AnyMap()},
     "control": {"kind": KIND, "meta": AnyMap()},
     # a coordinator's task for a node (methods/central.py): candidate models travel as tensors named
     # "<index>/<parameter>"; groups names each candidate's group, names the nodes of scored partial models

@@ -45,6 +45,22 @@ async def start_mesh(members: Make, n: int, options: MeshOptions = FAST, **kw: d
     return boot, nodes
 
 
+async def test_the_members_carry_on_when_the_bootstrap_they_joined_through_crashes(members: Make) -> None:
+    # Seen in the fault drill: the dealer to the join address had its handshake monitor closed after the
+    # welcome; when the bootstrap died, libzmq's reconnect events for that dealer blocked the context's I/O
+    # thread, and every member stopped hearing everyone (all peers "dead" 3 s later, never healed).
+    boot, nodes = await start_mesh(members, 3)
+    everyone = {"bootstrap", *(n.name for n in nodes)}
+    await wait_until(lambda: all(set(states(n)) == everyone - {n.name} for n in nodes), what="everyone known")
+    await wait_until(lambda: all(set(states(n).values()) == {ALIVE} for n in nodes), what="everyone alive")
+    await boot.stop(leave=False)  # a crash: no goodbye
+    await wait_until(lambda: all(states(n)["bootstrap"] == DEAD for n in nodes), timeout=10, what="bootstrap dead")
+    heard = [n.transport.bytes_received for n in nodes]
+    await asyncio.sleep(10 * FAST.heartbeat)
+    assert all(n.transport.bytes_received > before for n, before in zip(nodes, heard, strict=True))
+    assert all(states(n)[m.name] == ALIVE for n in nodes for m in nodes if m is not n)
+
+
 async def test_mesh_forms_and_a_killed_node_is_noticed_within_a_few_heartbeats(members: Make) -> None:
     boot, nodes = await start_mesh(members, 5)
     everyone = {"bootstrap", *(n.name for n in nodes)}
@@ -240,3 +256,29 @@ async def test_a_join_nobody_answers_ends_after_its_bound_saying_so(members: Mak
         await node.wait_joined(30)
     with pytest.raises(JoinError, match="could not join"):
         await members("x", options=FAST).wait_joined(0.1)  # never started: says so, not an empty TimeoutError
+
+
+async def test_a_node_restarted_at_once_on_another_port_joins(members: Make) -> None:
+    boot, (n0,) = await start_mesh(members, 1)
+    await wait_until(lambda: states(boot).get("n0") == ALIVE, what="n0 alive")
+    await n0.stop(leave=False)  # a crash, and the same name back within a heartbeat, on a new port
+    again = members("n0", options=FAST)
+    await again.start("tcp://127.0.0.1:0", [boot.address])
+    await again.wait_joined(10)  # refused for now while the old process still counts as alive, then taken
+    await wait_until(lambda: boot.peers.peers["n0"].address == again.address, what="the new n0 taken")
+
+
+async def test_a_join_that_fails_in_an_unexpected_way_is_a_failed_join(members: Make,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    boot, _ = await start_mesh(members, 0)
+    node = members("n0", options=FAST)
+
+    def broken() -> bytes | None:
+        raise RuntimeError("no key store")
+
+    monkeypatch.setattr(node, "_join_server_key", broken)
+    await node.start("tcp://127.0.0.1:0", [boot.address])
+    with pytest.raises(JoinError, match="no key store"):
+        await node.wait_joined(5)
+    with pytest.raises(ValueError, match=r"'tcp://no such host:1'.*pass --advertise"):
+        await members("n1", options=FAST).start("tcp://127.0.0.1:0", [boot.address], advertise="tcp://no such host:1")

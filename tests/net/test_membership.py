@@ -63,6 +63,7 @@ def test_heard_again_revives() -> None:
 def test_restart_with_same_name_rejoins_and_stale_messages_are_ignored() -> None:
     t, clock = table()
     hear(t, inc=1, address="tcp://h:1")
+    clock.t += 1.0  # the old process missed a heartbeat period
     change = hear(t, inc=2, address="tcp://h:1")  # restarted on the same address: the old process is gone
     assert change.new == "rejoined" and t.peers["a"].incarnation == 2
     clock.t += 3.5  # silent long enough to be suspect: a restart on another address is taken now
@@ -87,8 +88,8 @@ def test_an_incarnation_from_the_future_is_refused() -> None:
     t, _ = table()
     t.wall_ns = lambda: 10**18
     with pytest.raises(Refused, match="future"):
-        hear(t, "b", inc=10**18 + 2 * 24 * 3600 * 10**9)
-    assert hear(t, "b", inc=10**18 + 3600 * 10**9).new == ALIVE  # an hour of clock skew is fine
+        hear(t, "b", inc=10**18 + 11 * 60 * 10**9)
+    assert hear(t, "b", inc=10**18 + 5 * 60 * 10**9).new == ALIVE  # five minutes of clock skew are fine
     info = {"name": "c", "address": "tcp://h:3", "role": "node", "incarnation": 2**62, "pubkey": "",
             "state": ALIVE, "age": 0.0, "round": 0}
     assert not t.learned_of(info) and "c" not in t.peers
@@ -148,3 +149,34 @@ def test_own_name_is_never_a_peer() -> None:
     t, _ = table()
     assert t.heard_from("me", "tcp://x:1", "node", 1, "", 0) is None
     assert t.peers == {}
+
+
+def test_a_live_process_does_not_move_and_a_newer_one_waits_until_the_old_is_silent() -> None:
+    t, clock = table()
+    hear(t, inc=5, address="tcp://h:1")
+    with pytest.raises(Refused, match="its process does not move") as moved:
+        hear(t, inc=5, address="tcp://evil:1")  # the same process claimed from elsewhere: never
+    assert not moved.value.transient
+    clock.t += 0.5
+    with pytest.raises(Refused, match="once the old one has fallen silent") as early:
+        hear(t, inc=6, address="tcp://h:1")  # a newer process while the old one still heartbeats
+    assert early.value.transient and t.peers["a"].incarnation == 5
+    clock.t += 1.0  # the old one missed a period: a restart on the same address is taken
+    assert hear(t, inc=6, address="tcp://h:1").new == "rejoined"
+    assert t.heard_from("a", "tcp://elsewhere:1", "node", 7, "", 0, authenticated=True).new == "rejoined"
+
+
+def test_gossip_may_fill_a_quarter_of_the_table_and_direct_contact_evicts_it() -> None:
+    t, clock = table()
+    t.max_peers = 8
+    entry = {"role": "node", "pubkey": "", "state": ALIVE, "age": 0.0, "round": 0}
+    taken = [t.learned_of({**entry, "name": f"g{i}", "address": f"tcp://h:{i + 1}", "incarnation": 1})
+             for i in range(5)]
+    assert taken == [True, True, False, False, False]  # 8 // 4 introduced and never heard from
+    for name in "abcdef":
+        hear(t, name)
+    assert len(t.peers) == 8
+    assert hear(t, "z").new == ALIVE and "g0" not in t.peers  # a member heard directly evicts a never-heard one
+    clock.t += 5
+    assert t.learned_of({**entry, "name": "g1", "address": "tcp://h:2", "incarnation": 2})  # renewed by gossip...
+    assert t.peers["g1"].last_seen == 100.0  # ... but it keeps its first introduction's time: it still dies

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import zmq.asyncio
 from p2pfed.net.transport import DeliveryError, Transport, TransportOptions
 from p2pfed.wire import Message, WireError, check_tensors, encode
 from tests.conftest import Inbox
+from tests.helpers import wait_until
 
 Make = Callable[..., Transport]
 
@@ -156,10 +158,13 @@ async def test_garbage_is_dropped_with_one_log_line_and_the_node_keeps_running(
 async def test_message_size_is_capped_at_the_receiving_socket(transports: Make,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     sender, receiver, got = pair(transports, options=TransportOptions(max_message_bytes=100_000))
+    assert (await sender.request(receiver.address, model(w=torch.zeros(10)), timeout=5)).body["ok"]
+    await wait_until(lambda: receiver.connections, what="the monitor to see the connection")  # a peer, then
+    counted = receiver.bytes_received
     with caplog.at_level(logging.INFO, logger="p2pfed"), pytest.raises(DeliveryError, match="not acknowledged"):
-        await sender.request(receiver.address, model(w=torch.zeros(100_000)), timeout=1.5)
+        await sender.request(receiver.address, model(w=torch.zeros(100_000)), timeout=1.5)  # a model too large
     # libzmq refused the frame at the socket: not a byte of it reached the codec (which would count a drop)
-    assert got == [] and receiver.bytes_received == 0 and receiver.dropped == 0
+    assert len(got) == 1 and receiver.bytes_received == counted and receiver.dropped == 0
     # ... and said nothing: the monitor names the connection it closed
     assert any(re.search(r"b: connection from 127\.0\.0\.1:\d+ closed .*over the 0\.0954 MB cap", r.getMessage())
                for r in caplog.records)
@@ -200,3 +205,30 @@ def test_unknown_types_cannot_be_encoded() -> None:
     with pytest.raises(ValueError, match="unknown message type 'exec'"):
         encode(Message("exec", "a"))
     assert issubclass(WireError, ValueError)
+
+
+async def test_a_bug_about_one_message_never_stops_receiving(transports: Make, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    from p2pfed.net import transport
+
+    sender, receiver, got = pair(transports)
+    real = transport.decode
+    calls: list[int] = []
+    broken = [True]
+
+    def flaky(frames: object, limits: object) -> Message:
+        calls.append(1)
+        if broken[0]:
+            raise TypeError("a decoder bug")
+        return real(frames, limits)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transport, "decode", flaky)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(30):
+            with contextlib.suppress(DeliveryError):
+                await sender.request(receiver.address, model(), timeout=0.05)
+        assert len(calls) == 30
+        broken[0] = False
+        assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"] and len(got) == 1
+    bugs = [r for r in caplog.records if "could not be handled" in r.getMessage()]
+    assert 1 <= len(bugs) <= 5 and bugs[0].exc_info is not None  # with its traceback, a few per window

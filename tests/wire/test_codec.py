@@ -84,6 +84,8 @@ def _with_envelope(frames: list, **changes: object) -> list[bytes]:
         ({"body": {"kind": "x"}}, "body"),
         ({"body": {"kind": "x", "samples": 1, "meta": {"a": [1]}}}, "scalar"),
         ({"tensors": [["w", "object", [3, 4]], ["b", "float32", [4]]]}, "not allowed"),
+        ({"tensors": [["w", ["float32"], [3, 4]], ["b", "float32", [4]]]}, "not allowed"),  # unhashable dtypes
+        ({"tensors": [["w", {"a": 1}, [3, 4]], ["b", "float32", [4]]]}, "not allowed"),
         ({"tensors": [["w", "float32", [4, 4]], ["b", "float32", [4]]]}, "frame has"),
         ({"tensors": [["w", "float32", [3, -4]], ["b", "float32", [4]]]}, "shape"),
         ({"tensors": [["w", "float32", [3, 4]]]}, "tensor frames"),
@@ -185,6 +187,17 @@ def test_truncated_and_spliced_frames_only_raise_wire_error(which: int, cut: int
 def test_random_msgpack_envelopes_only_raise_wire_error(obj: object) -> None:
     with pytest.raises(WireError):
         decode([msgpack.packb(obj), b"\x00" * 8])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers(-5, 2**41) | st.floats() | st.text(max_size=10),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+                    max_leaves=12))
+def test_any_tensor_spec_only_raises_wire_error(spec: object) -> None:
+    env = msgpack.unpackb(VALID[0], raw=False)
+    env["tensors"] = [spec, ["b", "float32", [4]]]
+    with pytest.raises(WireError):
+        decode([msgpack.packb(env), *VALID[1:]])
 
 
 def test_oversized_frame_count_is_refused() -> None:
