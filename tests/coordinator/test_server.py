@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,3 +147,65 @@ async def test_a_checkpoint_of_another_method_is_refused_not_resumed(tmp_path: P
     local = Coordinator(scenario, "local", members("c3", "coordinator"), dataset, partition, tmp_path)
     with pytest.raises(ValueError, match="is a checkpoint of fedavg, not local"):
         local.restore()
+
+
+def scripted(coordinator: Coordinator, live: list[str], answers: Callable[[int, str], bool]
+             ) -> tuple[list[tuple[int, float]], list[tuple[list[str], dict[str, str], float | None]]]:
+    """Run the coordinator's loop without sockets: live is who the mesh says is alive, a round only places the
+    live nodes (so the record has an assignment), and answers(call, node) says whether node answers the call-th
+    request. Return the rounds run (with seconds since the start) and the requests (nodes, task kinds, timeout)."""
+    rounds: list[tuple[int, float]] = []
+    asked: list[tuple[list[str], dict[str, str], float | None]] = []
+    t0 = time.monotonic()
+
+    async def run_round(rnd: int) -> None:
+        rounds.append((rnd, time.monotonic() - t0))
+        await coordinator.method.before_round(rnd, list(live))
+
+    async def ask(nodes: list[str], tasks: dict[str, Task], timeout: float | None = None) -> dict[str, Any]:
+        asked.append((list(nodes), {n: t.kind for n, t in tasks.items()}, timeout))
+        return {n: {"accuracy": 0.5} for n in nodes if answers(len(asked), n)}
+
+    coordinator.run_round = run_round  # type: ignore[method-assign]
+    coordinator.ask = ask  # type: ignore[method-assign]
+    coordinator.live_nodes = lambda: sorted(live)  # type: ignore[method-assign]
+    return rounds, asked
+
+
+async def test_after_the_last_round_every_node_is_finished_and_a_late_one_gets_a_longer_second_try(
+        tmp_path: Path, members: Callable[..., Endpoint], caplog: pytest.LogCaptureFixture) -> None:
+    scenario, dataset, partition = small(tmp_path)
+    coordinator = Coordinator(scenario, "fedavg", members("coordinator", "coordinator"), dataset, partition, tmp_path)
+    coordinator.checkpoint(1)  # it restarts after round 1
+    live = ["n00", "n01", "n02"]
+    busy = {"n01", "n02"}  # still on a late task when the finish comes
+    rounds, asked = scripted(coordinator, live, lambda call, node: node not in busy or call > 1)
+    with caplog.at_level(logging.INFO, logger="p2pfed.coordinator.server"):
+        await asyncio.wait_for(coordinator.run(), 10)
+    assert [r for r, _ in rounds] == [2, 3]
+    deadline = scenario.train.round_timeout
+    assert asked == [(live, {n: "finish" for n in live}, None),
+                     (["n01", "n02"], {"n01": "finish", "n02": "finish"}, 3 * deadline)]
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[:2] == ["coordinator: resumed fedavg from its checkpoint after round 1",
+                            "coordinator: fedavg with 3 nodes from round 2"]
+    assert "coordinator: finish again for n01, n02" in messages
+    final = coordinator_records(tmp_path.parent, tmp_path.name)[-1]
+    assert final["event"] == "final"
+    assert final["assignment"] == {"n00": 0, "n01": 0, "n02": 0} and final["sizes"] == [3]
+    assert final["bytes_sent"] == coordinator.endpoint.transport.bytes_sent
+
+
+async def test_the_coordinator_waits_for_the_nodes_it_is_told_to_wait_for_and_otherwise_starts_at_once(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    scenario, dataset, partition = small(tmp_path)
+    coordinator = Coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path / "a")
+    live: list[str] = []
+    rounds, _ = scripted(coordinator, live, lambda call, node: True)
+    asyncio.get_running_loop().call_later(0.3, live.extend, ["n00", "n01"])
+    await coordinator.run(wait_for=2, start_timeout=5)
+    assert [r for r, _ in rounds] == [0, 1, 2, 3] and 0.3 <= rounds[0][1] < 3
+    alone = Coordinator(scenario, "fedavg", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
+    rounds, _ = scripted(alone, [], lambda call, node: True)
+    await asyncio.wait_for(alone.run(), 10)  # the defaults: nobody to wait for
+    assert [r for r, _ in rounds] == [0, 1, 2, 3] and rounds[0][1] < 1

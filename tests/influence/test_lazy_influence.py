@@ -30,3 +30,16 @@ def test_same_distribution_peers_score_higher_and_batched_equals_looped() -> Non
     assert min(batched[:2]) > 0 > max(batched[2:])
     assert score_peers(model, w0, partials, x_val, y_val, CPU) == looped  # the CPU default is the loop
     assert score_peers(model, w0, [], x_val, y_val, CPU) == []
+
+
+def test_training_a_partial_model_leaves_the_nodes_own_model_as_it_was() -> None:
+    # The partial model is trained on a copy: the node goes on from its own weights (w0), and the partial
+    # model it sends is not the model it trains next.
+    d = load_dataset("digits")
+    model = build_model("cnn", d.input_shape, 10, seed=0)
+    before = state_of(model)
+    partial = partial_model(model, before, d.x_train[:60], d.y_train[:60], epochs=2, batch_size=16, lr=0.05, seed=1,
+                            device=CPU)
+    after = state_of(model)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert not all(torch.equal(partial[k], before[k]) for k in before)

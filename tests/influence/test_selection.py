@@ -97,3 +97,43 @@ def test_two_means_finds_the_best_split_of_any_scores(ints: list[int]) -> None:
         assert chosen == sorted(f"p{i}" for i, v in enumerate(values) if v > threshold and v > 0)
     else:
         assert chosen == sorted(f"p{i}" for i, v in enumerate(values) if v > 0)
+
+
+def test_scores_equal_up_to_rounding_are_one_group() -> None:
+    # Two peers whose influence differs only in the 12th decimal help equally: both are chosen, the split
+    # does not cut between them (it would keep only the one a rounding error put higher).
+    assert two_means(np.array([0.3, 0.3 + 1e-12])) == (float("-inf"), 0.0)
+    assert select_peers({"a": 0.3, "b": 0.3 + 1e-12}) == ["a", "b"]
+
+
+@pytest.mark.parametrize("n", [2, 5, 9])
+def test_equal_scores_are_never_split_whatever_their_size(n: int) -> None:
+    # A diverged partial model gives a huge loss; equal huge scores are still one group. At this size the
+    # mean of five equal values is not exact (their spread comes out > 0), so only the rule "a split falls
+    # between distinct values" keeps them together.
+    assert two_means(np.full(n, 1.2345678901234567e20)) == (float("-inf"), 0.0)
+    assert two_means(np.full(n, -1.2345678901234567e20)) == (float("-inf"), 0.0)
+    assert select_peers({f"p{i}": 1.2345678901234567e20 for i in range(n)}) == [f"p{i}" for i in range(n)]
+
+
+def test_a_peer_exactly_between_two_equally_good_splits_is_chosen() -> None:
+    # 6 is as far from the 1s as from the 11s: both splits leave the same squared error (18.75). The first
+    # (lowest) split wins, so the middle peer, whose influence is clearly positive, is chosen.
+    scores = {"a": 1.0, "b": 1.0, "c": 1.0, "mid": 6.0, "x": 11.0, "y": 11.0, "z": 11.0}
+    assert two_means(np.array(list(scores.values()))) == (3.5, pytest.approx(0.875))
+    assert select_peers(scores) == ["mid", "x", "y", "z"]
+
+
+def test_a_one_sided_choice_never_merges_two_groups() -> None:
+    # m and n chose each other; m also chose a and b, who chose only each other. m stays with n: a cluster is
+    # made of mutual choices, and only a node nobody chose back (a late joiner) follows its own choices.
+    found = mutual_clusters({"a": ["b"], "b": ["a"], "m": ["n", "a", "b"], "n": ["m"]})
+    assert found["a"] == found["b"] != found["m"] == found["n"]
+
+
+def test_a_split_that_explains_exactly_gap_of_the_variance_is_taken() -> None:
+    # "at least gap" (the module's rule): the boundary itself counts as a clear split
+    scores = {"a": 2.1, "b": 1.9, "c": 2.0, "d": 0.5, "e": 0.7}
+    explained = two_means(np.array(list(scores.values())))[1]
+    assert select_peers(scores, gap=explained) == ["a", "b", "c"]
+    assert select_peers(scores, gap=np.nextafter(explained, 1.0)) == ["a", "b", "c", "d", "e"]

@@ -1,4 +1,5 @@
-"""Local training and FedAvg: seeded training, the distance penalty (FedProx's μ, FeSEM's λ), sample weights."""
+"""Local training and FedAvg: seeded training, the distance penalty (FedProx's μ, FeSEM's λ), sample weights;
+first-order MAML and one-step personalisation (paper 000); the device."""
 
 from __future__ import annotations
 
@@ -7,8 +8,20 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from p2pfed.learn.train import distance_penalty, evaluate, state_of, train_epochs, weighted_average
+from p2pfed.learn.train import (
+    distance_penalty,
+    evaluate,
+    maml_first_order,
+    one_step,
+    pick_device,
+    state_of,
+    train_epochs,
+    weighted_average,
+)
+
+CPU = torch.device("cpu")
 
 
 def test_a_larger_penalty_keeps_the_trained_model_closer_to_its_start() -> None:
@@ -59,3 +72,150 @@ def test_training_is_seeded_and_the_loss_is_the_last_epochs_mean() -> None:
         ev.loss, float(torch.nn.functional.cross_entropy(model(x), y).detach()), rel_tol=1e-5)
     assert math.isnan(train_epochs(model, x[:0], y[:0], epochs=1, batch_size=8, lr=0.1, seed=0,
                                    device=torch.device("cpu")))
+
+
+def data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 5, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+
+
+def linear(seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(5, 3)
+
+
+def gradient(w: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> tuple[dict[str, torch.Tensor], float]:
+    """∇l(w; (x, y)) of a Linear(5, 3) with weights w under cross-entropy, and l itself."""
+    params = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    loss = F.cross_entropy(x @ params["weight"].T + params["bias"], y)
+    grads = torch.autograd.grad(loss, list(params.values()))
+    return dict(zip(params, grads, strict=True)), float(loss.detach())
+
+
+def test_momentum_and_weight_decay_reach_the_optimiser_and_zero_epochs_train_nothing() -> None:
+    x, y = data(40)
+    runs = {}
+    for name, momentum, decay in [("plain", 0.0, 0.0), ("momentum", 0.9, 0.0), ("decay", 0.0, 0.5)]:
+        model = linear()
+        train_epochs(model, x, y, epochs=3, batch_size=8, lr=0.1, seed=1, device=CPU, momentum=momentum,
+                     weight_decay=decay)
+        runs[name] = state_of(model)["weight"]
+    assert not torch.allclose(runs["plain"], runs["momentum"])
+    assert float(runs["decay"].norm()) < float(runs["plain"].norm())  # decay pulls the weights toward 0
+    model = linear()
+    assert math.isnan(train_epochs(model, x, y, epochs=0, batch_size=8, lr=0.1, seed=1, device=CPU))
+    assert torch.equal(state_of(model)["weight"], state_of(linear())["weight"])
+
+
+def test_first_order_maml_steps_from_w_with_the_gradient_at_w_hat() -> None:
+    # Paper 000, Eq. 15-16, on one mini-batch D (here all the data): ŵ = w − η∇l(w; D), w ← w − ε∇l(ŵ; D);
+    # the loss reported is the last epoch's at ŵ.
+    x, y = data(12)
+    model = linear()
+    w = state_of(model)
+    eta, eps = 0.5, 0.1
+    for _ in range(2):
+        g, _ = gradient(w, x, y)
+        w_hat = {k: w[k] - eta * g[k] for k in w}
+        g_hat, loss_at_w_hat = gradient(w_hat, x, y)
+        w = {k: w[k] - eps * g_hat[k] for k in w}
+    loss = maml_first_order(model, x, y, epochs=2, batch_size=16, inner_lr=eta, outer_lr=eps, seed=0, device=CPU)
+    assert all(torch.allclose(state_of(model)[k], w[k], atol=1e-6) for k in w)
+    assert loss == pytest.approx(loss_at_w_hat, rel=1e-5)
+
+
+def test_first_order_maml_without_an_inner_step_is_sgd_over_the_same_mini_batches() -> None:
+    x, y = data(30)  # 8 + 8 + 8 + 6: the last epoch's loss is a mean weighted by batch size
+    sgd, maml = linear(), linear()
+    sgd_loss = train_epochs(sgd, x, y, epochs=3, batch_size=8, lr=0.1, seed=4, device=CPU)
+    maml_loss = maml_first_order(maml, x, y, epochs=3, batch_size=8, inner_lr=0.0, outer_lr=0.1, seed=4, device=CPU)
+    assert all(torch.allclose(state_of(sgd)[k], state_of(maml)[k], atol=1e-6) for k in state_of(sgd))
+    assert maml_loss == pytest.approx(sgd_loss, rel=1e-6)
+
+
+def test_meta_updates_leave_frozen_parameters_and_do_nothing_without_data_or_epochs() -> None:
+    x, y = data(12)
+    model = linear()
+    model.bias.requires_grad_(False)
+    start = state_of(model)
+    maml_first_order(model, x, y, epochs=1, batch_size=4, inner_lr=0.5, outer_lr=0.1, seed=0, device=CPU)
+    one_step(model, x, y, lr=0.1, batch_size=4, seed=0, device=CPU)
+    assert torch.equal(model.bias.detach(), start["bias"]) and not torch.equal(model.weight.detach(), start["weight"])
+    model = linear()
+    for epochs, n in ((1, 0), (0, 12)):
+        assert math.isnan(maml_first_order(model, x[:n], y[:n], epochs=epochs, batch_size=4, inner_lr=0.5,
+                                           outer_lr=0.1, seed=0, device=CPU))
+    one_step(model, x[:0], y[:0], lr=0.1, batch_size=4, seed=0, device=CPU)
+    assert all(torch.equal(state_of(model)[k], v) for k, v in state_of(linear()).items())
+
+
+def test_one_step_is_one_gradient_step_on_one_seeded_mini_batch() -> None:
+    # FedDSMIC's personalisation (paper 000): w − lr·∇l(w; B) for one random mini-batch B of batch_size samples
+    x, y = data(6)
+    w = state_of(linear())
+    steps = []
+    for i in range(6):  # every batch of one sample it could draw
+        g, _ = gradient(w, x[i:i + 1], y[i:i + 1])
+        steps.append({k: w[k] - 0.1 * g[k] for k in w})
+    took = []
+    for seed in range(4):
+        model = linear()
+        one_step(model, x, y, lr=0.1, batch_size=1, seed=seed, device=CPU)
+        took.append([i for i, s in enumerate(steps) if all(torch.allclose(state_of(model)[k], s[k]) for k in s)])
+    assert all(len(t) == 1 for t in took)  # exactly one step on exactly one sample
+    assert len({t[0] for t in took}) > 1  # which one depends on the seed ...
+    again = linear()
+    one_step(again, x, y, lr=0.1, batch_size=1, seed=3, device=CPU)
+    assert all(torch.allclose(state_of(again)[k], steps[took[3][0]][k]) for k in w)  # ... and only on it
+    whole = linear()
+    one_step(whole, x, y, lr=0.1, batch_size=64, seed=0, device=CPU)  # a batch larger than the data: all of it
+    g, _ = gradient(w, x, y)
+    assert all(torch.allclose(state_of(whole)[k], w[k] - 0.1 * g[k], atol=1e-6) for k in w)
+
+
+def test_a_single_epoch_or_a_single_sample_is_enough_to_learn_from() -> None:
+    x, y = data(1)
+    w = state_of(linear())
+    g, _ = gradient(w, x, y)
+    model = linear()
+    one_step(model, x, y, lr=0.1, batch_size=4, seed=0, device=CPU)  # a node with one sample personalises too
+    assert all(torch.allclose(state_of(model)[k], w[k] - 0.1 * g[k], atol=1e-6) for k in w)
+    for meta in (True, False):
+        model = linear()
+        loss = (maml_first_order(model, x, y, epochs=1, batch_size=4, inner_lr=0.0, outer_lr=0.1, seed=0, device=CPU)
+                if meta else train_epochs(model, x, y, epochs=1, batch_size=4, lr=0.1, seed=0, device=CPU))
+        assert math.isfinite(loss) and all(torch.allclose(state_of(model)[k], w[k] - 0.1 * g[k], atol=1e-6)
+                                           for k in w)
+
+
+def test_the_device_is_cuda_when_there_is_one_and_a_missing_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device() == pick_device("auto") == torch.device("cpu")
+    assert pick_device("cpu") == torch.device("cpu")
+    for asked in ("cuda", "cuda:1"):
+        with pytest.raises(ValueError, match=f"device '{asked}' asked for, but CUDA is not available"):
+            pick_device(asked)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device() == torch.device("cuda") and pick_device("cuda:1") == torch.device("cuda:1")
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_fedavg_of_identical_models_is_that_model_in_half_precision_too() -> None:
+    # When a group's members already agree, their average must not move them. Half-precision models are
+    # accumulated in float32: rounding every partial sum (or every weighted term) to 8 bits of bfloat16 would
+    # move most weights of an average of 50 models.
+    gen = torch.Generator().manual_seed(0)
+    model = {"bf16": torch.randn(1000, generator=gen).bfloat16(), "f16": torch.randn(1000, generator=gen).half()}
+    for n in (10, 50):
+        avg = weighted_average([model] * n, [3.0] * n)
+        assert all(torch.equal(avg[k], model[k]) for k in model)
+
+
+def test_fedavg_takes_any_positive_weights_but_exactly_one_per_model() -> None:
+    states = [{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([5.0, 4.0])}]
+    assert torch.allclose(weighted_average(states, [0.25, 0.75])["w"], torch.tensor([4.0, 3.0]))  # shares
+    for weights in ([1.0], [1.0, 1.0, 1.0]):  # a model without a weight is an error, not silently left out
+        with pytest.raises(ValueError):
+            weighted_average(states, weights)
+    with pytest.raises(ValueError, match=r"^nothing to average$"):
+        weighted_average(states, [0.0, 0.0])

@@ -1,19 +1,30 @@
-"""A learning node's crash safety: what it checkpoints is what a restarted node resumes with."""
+"""A learning node's crash safety: what it checkpoints is what a restarted node resumes with; and its round
+loop: where it starts and catches up, whom it waits for, and how it averages (FedAvg by sample count)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import math
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from p2pfed.learn.checkpoint import save_atomic
+from p2pfed.learn.train import evaluate, weighted_average
+from p2pfed.methods.base import Method
+from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint, MeshOptions
+from p2pfed.net.membership import ALIVE
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
 from p2pfed.scenario.runner import prepare_data
+from p2pfed.wire import Message, WireError
 
 SCENARIO = """
 [scenario]
@@ -106,3 +117,400 @@ async def test_a_choice_made_before_a_round_is_checkpointed_before_the_round_tra
     assert saved == [(1, None), (1, [])]  # the choice was on disk before the round's training
     again = node(s, members, tmp_path)
     assert again.restore() == 1 and again.method.state()["chosen"] == []
+
+
+# -- the round loop without sockets: peers are entries of the node's membership table (as heartbeats and
+# -- introductions make them), a peer's model arrives through the node's own handler (as the transport delivers
+# -- it), and what the node sends is recorded ---------------------------------------------------------------------
+
+ROUNDS = """
+[scenario]
+name = "rounds"
+seed = 3
+nodes = 4
+rounds = 6
+methods = ["fedavg-p2p"]
+[data]
+dataset = "digits"
+clusters = 1
+[train]
+participation = {participation}
+round_timeout = 1
+eval_every = {eval_every}
+momentum = {momentum}
+"""
+
+
+def fedavg_node(out: Path, members: Callable[..., Endpoint], participation: float = 1.0, eval_every: int = 1,
+                momentum: float = 0.0, adversary: str | None = None) -> LearningNode:
+    """Node n01 of a 4-node digits scenario of decentralized FedAvg (6 rounds), its endpoint not started."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "rounds.toml"
+    text = ROUNDS.format(participation=participation, eval_every=eval_every, momentum=momentum)
+    path.write_text(text + (f'[[adversaries]]\nnode = 1\nkind = "{adversary}"\n' if adversary else ""))
+    s = load_scenario(path)
+    dataset, partition = prepare_data(s)
+    return LearningNode(s, 1, "fedavg-p2p", dataset, partition, members("n01", options=MeshOptions()), out)
+
+
+def heard(n: LearningNode, peer: str, rnd: int = 0) -> None:
+    """A heartbeat of a learning peer at round rnd reaches the node (the peer is alive)."""
+    n.endpoint.peers.heard_from(peer, "tcp://127.0.0.1:9", "node", 1, "", rnd)
+
+
+def introduced(n: LearningNode, peer: str) -> None:
+    """The node's join introduced a learning peer it has not heard from itself yet (joining)."""
+    n.endpoint.peers.learned_of({"name": peer, "address": "tcp://127.0.0.1:9", "role": "node", "incarnation": 1,
+                                 "pubkey": "", "state": ALIVE, "round": 0})
+
+
+async def deliver(n: LearningNode, sender: str, rnd: int, state: dict[str, torch.Tensor], samples: int) -> None:
+    """A peer's model of round rnd arrives at the node."""
+    await n._on_model(Message("model", sender, round=rnd, body={"kind": "model", "samples": samples, "meta": {}},
+                              tensors=state))
+
+
+def shifted(n: LearningNode, by: float) -> dict[str, torch.Tensor]:
+    """The initial model with every float tensor shifted: a distinct, recognisable peer model."""
+    return {k: v + by if v.is_floating_point() else v.clone() for k, v in n.reference.items()}
+
+
+def close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
+
+
+def record_sends(n: LearningNode, then: Callable[[], Any] | None = None) -> list[tuple[set[str], str, Any]]:
+    """Replace the node's send with one that records (to, kind, state), then runs then() (a peer's move)."""
+    sent: list[tuple[set[str], str, Any]] = []
+
+    async def send(to: set[str], kind: str, state: dict[str, torch.Tensor], meta: Any = None) -> int:
+        sent.append((set(to), kind, state))
+        if then is not None:
+            await then()
+        return len(to)
+
+    n.send_model = send  # type: ignore[method-assign]
+    return sent
+
+
+async def test_a_round_averages_the_sources_models_and_its_own_by_sample_count(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    heard(n, "n00")
+    heard(n, "n02")
+    s0, s2 = shifted(n, 0.5), shifted(n, -0.25)
+
+    async def peers_send() -> None:
+        await deliver(n, "n00", 0, s0, 10)
+        await deliver(n, "n02", 0, s2, 30)
+
+    sent = record_sends(n, peers_send)
+    assert await n.run_round(0) == 0
+    [(to, kind, trained)] = sent
+    assert to == {"n00", "n02"} and kind == "model" and not close(trained, n.reference)  # its trained model
+    # FedAvg (McMahan et al.): the sample-weighted mean of the round's models, this node's own included
+    assert close(n.current_state(), weighted_average([s0, s2, trained], [10.0, 30.0, float(n.samples)]))
+    [rec] = [r for r in records(tmp_path) if r["event"] == "round"]
+    ev = evaluate(n.model, n.x_test, n.y_test, n.device)
+    assert rec["participated"] is True and math.isfinite(rec["train_loss"])
+    assert (rec["sources"], rec["received"]) == (2, 2)
+    assert rec["bytes_sent"] == n.endpoint.transport.bytes_sent
+    assert (rec["accuracy"], rec["loss"], rec["macro_f1"]) == (ev.accuracy, ev.loss, ev.macro_f1)
+
+
+async def test_an_early_model_and_the_model_of_a_source_that_left_during_the_round_both_count(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    heard(n, "n00")
+    heard(n, "n02")
+    s0, s2 = shifted(n, 0.5), shifted(n, -0.25)
+    await deliver(n, "n00", 1, s0, 10)  # a faster peer sent its round-1 model before this node began round 1
+    await deliver(n, "n00", 3, s0, 10)  # and its round-3 model: kept for round 3
+
+    async def send_and_leave() -> None:  # n02 sends its model, finishes the run and leaves
+        await deliver(n, "n02", 1, s2, 30)
+        n.endpoint.peers.left("n02")
+
+    sent = record_sends(n, send_and_leave)
+    await n.run_round(1)
+    trained = sent[0][2]
+    assert close(n.current_state(), weighted_average([s0, s2, trained], [10.0, 30.0, float(n.samples)]))
+    assert ("model", 3) in n.inbox  # not dropped: round 3 has not come yet
+
+
+async def test_a_scripted_free_rider_sends_the_model_it_has_untrained_and_still_takes_the_average(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members, adversary="free-rider")
+    heard(n, "n00")
+    s0 = shifted(n, 0.5)
+
+    async def n00_sends() -> None:
+        await deliver(n, "n00", 0, s0, 10)
+
+    sent = record_sends(n, n00_sends)
+    await n.run_round(0)
+    [(to, kind, state)] = sent
+    assert to == {"n00"} and kind == "model" and close(state, n.reference)  # no local training: w0 as it was
+    assert close(n.current_state(), weighted_average([s0, n.reference], [10.0, float(n.samples)]))
+    [rec] = [r for r in records(tmp_path) if r["event"] == "round"]
+    assert rec["participated"] is True and rec["train_loss"] is None
+
+
+class EveryOther(Method):
+    """A method whose every answer depends on the round: n00 is the source in even rounds, n02 in odd ones,
+    and the node must train in even rounds whatever the participation draw says."""
+
+    name = "every-other"
+
+    def sources(self, rnd: int) -> set[str]:
+        return {["n00", "n02"][rnd % 2]} & set(self.node.live_peers())
+
+    def must_participate(self, rnd: int) -> bool:
+        return rnd % 2 == 0
+
+
+async def test_the_node_asks_its_method_about_the_round_it_runs(tmp_path: Path,
+                                                                members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members, participation=0.01)
+    assert not any(participates(n.scenario.seed, p, r, 0.01) for p in ("n00", "n01", "n02") for r in (0, 1))
+    n.method = EveryOther(n)
+    heard(n, "n00")
+    heard(n, "n02")
+    s0, s2 = shifted(n, 0.5), shifted(n, -0.25)
+    sent = record_sends(n)
+    await deliver(n, "n00", 0, s0, 10)
+    await deliver(n, "n02", 1, s2, 30)
+    with pytest.raises(WireError, match="does not expect a model from n02 in round 0"):
+        await deliver(n, "n02", 0, s2, 30)  # not a source of round 0
+    assert await n.run_round(0) == 0
+    [(to, _, trained)] = sent  # forced to train in round 0; sends to the round's subscribers
+    assert to == {"n00"} and close(n.current_state(), weighted_average([s0, trained], [10.0, float(n.samples)]))
+    await n.run_round(1)  # not drawn, not forced: no training, no send; it takes its source's model
+    assert len(sent) == 1 and close(n.current_state(), s2)
+    rounds = [r for r in records(tmp_path) if r["event"] == "round"]
+    assert [(r["participated"], r["sources"], r["received"]) for r in rounds] == [(True, 1, 1), (False, 0, 1)]
+
+
+async def test_who_trains_and_whose_model_is_awaited_follow_the_shared_participation_draw(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    fraction = 0.5
+    n = fedavg_node(tmp_path, members, participation=fraction)
+    peers = ["n00", "n02", "n03"]
+    for p in peers:
+        heard(n, p)
+    record_sends(n)
+    seed = n.scenario.seed
+    drawn = {r: {p for p in ["n01", *peers] if participates(seed, p, r, fraction)} for r in range(6)}
+    assert len({frozenset(d) for d in drawn.values()}) >= 4  # the draw changes from round to round
+    for rnd in range(6):
+        for p in sorted(drawn[rnd] - {"n01"}):  # the drawn peers train and send; the others sit the round out
+            await deliver(n, p, rnd, shifted(n, 0.1 * rnd), 10)
+        await n.run_round(rnd)
+    rounds = [r for r in records(tmp_path) if r["event"] == "round"]
+    # the coordinator's draw (methods/central.py): every method of a scenario trains the same nodes
+    assert [r["participated"] for r in rounds] == [("n01" in drawn[r]) for r in range(6)]
+    assert [r["sources"] for r in rounds] == [len(drawn[r] - {"n01"}) for r in range(6)]
+    assert [r["received"] for r in rounds] == [len(drawn[r] - {"n01"}) for r in range(6)]
+    assert all((r["train_loss"] is None) == (not r["participated"]) for r in rounds)
+
+
+async def test_the_node_evaluates_every_eval_every_rounds_and_after_the_last(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members, eval_every=4)
+    for rnd in range(6):
+        await n.run_round(rnd)  # alone: it trains and keeps its own model
+    rounds = [r for r in records(tmp_path) if r["event"] == "round"]
+    assert [r["round"] for r in rounds if "accuracy" in r] == [3, 5]
+    assert all({"loss", "macro_f1"} <= r.keys() for r in rounds if "accuracy" in r)
+
+
+async def test_local_training_uses_the_configured_momentum(tmp_path: Path,
+                                                           members: Callable[..., Endpoint]) -> None:
+    plain = fedavg_node(tmp_path / "a", members)
+    heavy = fedavg_node(tmp_path / "b", members, momentum=0.9)
+    for n in (plain, heavy):
+        await n.run_round(0)
+    assert not close(plain.current_state(), heavy.current_state())
+
+
+class ChoosesSlowly(Method):
+    """Chooses n00 before its first round (as pFedLIA's late joiner does, fetching models), while n00 goes on
+    to round moved_to."""
+
+    name = "chooses-slowly"
+
+    def __init__(self, node: LearningNode, moved_to: int) -> None:
+        super().__init__(node)
+        self.moved_to = moved_to
+        self.chosen: list[str] | None = None
+
+    async def before_round(self, rnd: int) -> None:
+        if self.chosen is None:
+            self.chosen = ["n00"]
+            heard(self.node, "n00", self.moved_to)  # type: ignore[arg-type]
+
+    def state(self) -> dict[str, Any]:
+        return {"chosen": self.chosen}
+
+
+@pytest.mark.parametrize(("moved_to", "runs"), [(2, 1), (3, 3), (4, 4)])
+async def test_a_node_whose_choice_took_long_catches_up_before_it_trains_if_two_rounds_behind(
+        tmp_path: Path, members: Callable[..., Endpoint], moved_to: int, runs: int) -> None:
+    n = fedavg_node(tmp_path, members)
+    n.method = ChoosesSlowly(n, moved_to)
+    heard(n, "n00", 1)
+
+    async def n00_sends() -> None:
+        await deliver(n, "n00", runs, shifted(n, 0.5), 10)
+
+    sent = record_sends(n, n00_sends)
+    assert await n.run_round(1) == runs  # the round its source had reached meanwhile, if two or more ahead
+    assert n.round == n.endpoint.round == runs and len(sent) == 1
+    mine = records(tmp_path)
+    skips = [(r["skipped_from"], r["skipped_to"]) for r in mine if r["event"] == "skip"]
+    assert skips == ([(1, runs)] if runs > 1 else [])
+    assert [(r["round"], r["received"]) for r in mine if r["event"] == "round"] == [(runs, 1)]
+    ckpt = torch.load(n.checkpoint_path, weights_only=True)
+    assert ckpt["round"] == runs and json.loads(ckpt["method"]) == {"chosen": ["n00"]}
+
+
+def scripted_rounds(n: LearningNode, first_returns: int | None = None) -> list[tuple[int, int, float]]:
+    """Replace the node's round with one that records (round, peers seen, seconds since the call) and returns
+    the round it ran (first_returns for the first call: a round whose pre-round work ended in a catch-up)."""
+    ran: list[tuple[int, int, float]] = []
+    t0 = time.monotonic()
+
+    async def run_round(rnd: int) -> int:
+        ran.append((rnd, n.peers_seen(), time.monotonic() - t0))
+        if len(ran) > 20:
+            raise AssertionError(f"rounds never end: {[r for r, _, _ in ran]}")
+        await asyncio.sleep(0)
+        return first_returns if first_returns is not None and len(ran) == 1 else rnd
+
+    n.run_round = run_round  # type: ignore[method-assign]
+    return ran
+
+
+async def test_a_node_alone_runs_every_round_once_from_the_first_without_waiting(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    ran = scripted_rounds(n)
+    await asyncio.wait_for(n.run(), 10)  # the defaults: round 0, no peers to wait for
+    assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5]
+    assert ran[0][2] < 1.0 and records(tmp_path)[-1]["event"] == "final"
+
+
+async def test_a_node_waits_for_the_peers_it_is_told_to_wait_for_but_not_forever(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    ran = scripted_rounds(n)
+    asyncio.get_running_loop().call_later(0.3, heard, n, "n00")
+    await n.run(wait_for_peers=1, start_timeout=5)
+    assert ran[0][:2] == (0, 1) and 0.3 <= ran[0][2] < 3  # it began once n00 was there, not at the deadline
+    ran.clear()
+    await n.run(wait_for_peers=2, start_timeout=0.5)  # a second peer never comes: it starts at the deadline
+    assert ran[0][:2] == (0, 1) and 0.5 <= ran[0][2] < 3
+
+
+async def test_a_restarted_node_does_not_wait_for_the_run_to_start(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    n.checkpoint(3)
+    ran = scripted_rounds(n)
+    await n.run(wait_for_peers=3, start_timeout=5)  # the others started long ago; some may have finished
+    assert [r for r, _, _ in ran] == [4, 5] and ran[0][2] < 3
+
+
+async def test_a_late_joiner_hears_from_its_introduced_peers_then_starts_at_their_round(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path / "late", members)
+    ran = scripted_rounds(n)
+    introduced(n, "n00")
+    introduced(n, "n02")
+    heard(n, "n03", 5)
+    n.endpoint.peers.left("n03")  # finished the run and left: its round does not count
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, heard, n, "n00", 3)
+    loop.call_later(0.3, heard, n, "n02", 3)
+    await n.run(start_round=1, start_timeout=5)
+    assert [r for r, _, _ in ran] == [3, 4, 5] and 0.3 <= ran[0][2] < 3
+    assert not [r for r in records(tmp_path / "late") if r["event"] == "skip"]  # a start, not a skip
+
+    far = fedavg_node(tmp_path / "far", members)
+    ran = scripted_rounds(far)
+    heard(far, "n00", 9)  # a round past the scenario's end (a peer can claim any)
+    await far.run(start_round=1, start_timeout=5)
+    assert [r for r, _, _ in ran] == [5]  # only as far as the last round
+
+
+async def test_a_node_that_starts_with_the_run_does_not_wait_for_introduced_peers_that_stay_silent(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    ran = scripted_rounds(n)
+    introduced(n, "n00")  # gossip named it; it never answers (its address may be stale)
+    await n.run(start_timeout=3)
+    assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5] and ran[0][2] < 1.5
+
+
+async def test_a_late_joiner_starts_at_the_round_of_the_peers_it_averages_with_in_that_round(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    n.method = EveryOther(n)  # n02 in odd rounds, n00 in even ones
+    ran = scripted_rounds(n)
+    heard(n, "n02", 3)
+    heard(n, "n00", 5)  # another group, further on: it does not set where this node starts
+    await n.run(start_round=1, start_timeout=5)
+    assert [r for r, _, _ in ran] == [3, 4, 5]
+
+
+async def test_a_node_two_rounds_behind_its_sources_catches_up_one_round_behind_does_not(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    behind = fedavg_node(tmp_path / "two", members)
+    ran = scripted_rounds(behind)
+    heard(behind, "n00", 2)
+    await behind.run(start_timeout=5)
+    assert [r for r, _, _ in ran] == [2, 3, 4, 5]
+    skips = [r for r in records(tmp_path / "two") if r["event"] == "skip"]
+    assert [(r["skipped_from"], r["skipped_to"]) for r in skips] == [(0, 2)]
+
+    close_behind = fedavg_node(tmp_path / "one", members)
+    ran = scripted_rounds(close_behind)
+    heard(close_behind, "n00", 1)
+    await close_behind.run(start_timeout=5)
+    assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5]  # one round behind: it waits for the models instead
+
+
+async def test_the_loop_goes_on_after_the_round_a_round_actually_ran(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    ran = scripted_rounds(n, first_returns=2)  # round 0's pre-round work ended in a catch-up to round 2
+    await n.run(start_timeout=5)
+    assert [r for r, _, _ in ran] == [0, 3, 4, 5]
+
+
+async def test_a_resumed_node_logs_the_round_it_resumes_from(
+        tmp_path: Path, members: Callable[..., Endpoint], caplog: pytest.LogCaptureFixture) -> None:
+    s = scenario(tmp_path)
+    checkpointed(s, members, tmp_path)
+    with caplog.at_level(logging.INFO, logger="p2pfed.node.learner"):
+        assert node(s, members, tmp_path).restore() == 4
+    assert "n01: resumed from its checkpoint at round 4" in [r.getMessage() for r in caplog.records]
+
+
+async def test_a_choice_announced_rounds_later_is_taken_and_one_from_far_ahead_is_refused(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    # Seen in the late-joiner scenario: a late joiner's (or a restarted node's) choice of round 7 reached its
+    # chosen peers at round 11; refusing it as "outside this node's rounds" left the joiner with no sources.
+    n = node(scenario(tmp_path), members, tmp_path)
+    heard(n, "n00", rnd=11)
+    n.round = 11
+
+    def scores(rnd: int, chosen: list[str]) -> Message:
+        return Message("scores", "n00", round=rnd, body={"peers": chosen, "values": [1.0] * len(chosen)})
+
+    await n._on_scores(scores(7, ["n01", "n02"]))
+    assert n.method.choosers == {"n00"}  # n01 now sends its models to n00
+    assert ("choices", 7) not in n.inbox  # nothing kept for a round that will not be collected again
+    with pytest.raises(WireError, match=r"beyond this node.s rounds 11\.\.19"):
+        await n._on_scores(scores(20, ["n02"]))
+    assert n.method.choosers == {"n00"}
