@@ -12,8 +12,6 @@ from p2pfed.wire.codec import (
     decode,
     encode,
     peek,
-    peek_field,
-    peek_sender,
 )
 from p2pfed.wire.messages import NO_REPLY, SCHEMAS
 
@@ -31,6 +29,4 @@ __all__ = [
     "decode",
     "encode",
     "peek",
-    "peek_field",
-    "peek_sender",
 ]

@@ -136,16 +136,6 @@ def peek(frame0: Any) -> dict[str, str]:
     return out
 
 
-def peek_field(frame0: Any, key: str) -> str:
-    """One field of peek(frame0): "sender", "type" or "id"."""
-    return peek(frame0)[key]
-
-
-def peek_sender(frame0: Any) -> str:
-    """Best-effort sender name of an envelope for log lines about a message that failed to decode."""
-    return peek(frame0)["sender"]
-
-
 def _unpack_envelope(frame0: Any, limits: Limits) -> dict[str, Any]:
     data = memoryview(frame0)
     if data.nbytes > limits.max_envelope_bytes:

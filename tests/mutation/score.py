@@ -6,7 +6,8 @@ methods count: the rest of those files is tested by the learning runs, which are
 mutant), and prints per module: killed, survived, timeout, total and the score, (killed + timeout) over
 the mutants checked. Then it lists every surviving mutant that tests/mutation/accepted.toml does not
 accept. An accepted entry must still match its mutant: the line it quotes has to be the line that
-``mutmut show`` adds, or the entry is stale (mutmut numbers mutants per function, so an edit to the
+``mutmut show`` adds (for a mutant that only deletes a line, "removed: " and that line), or the entry is
+stale (mutmut numbers mutants per function, so an edit to the
 function renumbers them) and the survivor counts as unaccepted.
 
 Exit code 1 if a module scores under 85 % or an unaccepted survivor remains; 0 otherwise.
@@ -134,10 +135,14 @@ def load_accepted(path: Path) -> dict[str, Accepted]:
 
 
 def added_lines(name: str) -> list[str]:
-    """The lines a mutant adds, stripped, from `mutmut show NAME` (empty if mutmut does not know it)."""
+    """The lines a mutant adds, stripped, from `mutmut show NAME` (empty if mutmut does not know it); a mutant
+    that only deletes (an argument dropped) gives its deleted lines as "removed: LINE"."""
     out = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=ROOT, capture_output=True,
                          text=True, check=False).stdout
-    return [line[1:].strip() for line in out.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    added = [line[1:].strip() for line in out.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    removed = [f"removed: {line[1:].strip()}" for line in out.splitlines()
+               if line.startswith("-") and not line.startswith("---")]
+    return added if any(added) else removed
 
 
 def still_matches(entries: list[Accepted]) -> dict[str, bool]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, PeerTable, Refused
+from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
 
 
 class Clock:
@@ -139,9 +139,12 @@ def test_leave_and_last_will() -> None:
     t, _ = table()
     hear(t, "a")
     hear(t, "b", inc=3)
-    assert t.left("a").new == LEFT
+    assert t.left("a") == Change("a", ALIVE, LEFT)
+    assert t.left("a") is None and t.mark_dead("a") is None  # already gone: no second change
+    assert t.left("nobody") is None and t.mark_dead("nobody") is None
     assert t.mark_dead("b", incarnation=2) is None  # a will of an older incarnation
-    assert t.mark_dead("b", incarnation=3).new == DEAD
+    assert t.mark_dead("b", incarnation=3) == Change("b", ALIVE, DEAD)
+    assert t.mark_dead("b") is None
     assert [p["state"] for p in t.snapshot()] == [LEFT, DEAD]
 
 
@@ -180,3 +183,137 @@ def test_gossip_may_fill_a_quarter_of_the_table_and_direct_contact_evicts_it() -
     clock.t += 5
     assert t.learned_of({**entry, "name": "g1", "address": "tcp://h:2", "incarnation": 2})  # renewed by gossip...
     assert t.peers["g1"].last_seen == 100.0  # ... but it keeps its first introduction's time: it still dies
+
+
+def test_a_model_or_request_is_contact_too_but_never_revives_the_dead() -> None:
+    t, clock = table()
+    assert t.learned_of({"name": "g", "address": "tcp://1.2.3.4:6", "role": "node", "incarnation": 1, "pubkey": "",
+                         "state": ALIVE, "round": 0})
+    assert t.by_state(JOINING) == [t.peers["g"]] and t.by_state(ALIVE) == []
+    clock.t += 1
+    assert t.touched("g") == Change("g", JOINING, ALIVE)  # its first model came before its first heartbeat
+    assert t.peers["g"].last_seen == clock.t
+    hear(t, "a")
+    clock.t += 4
+    t.sweep()
+    assert t.peers["a"].state == SUSPECT
+    assert t.touched("a") == Change("a", SUSPECT, ALIVE) and t.peers["a"].last_seen == clock.t
+    clock.t += 1
+    assert t.touched("a") is None and t.peers["a"].last_seen == clock.t  # already alive: only the time moves
+    assert t.by_state(ALIVE, SUSPECT) == [t.peers["g"], t.peers["a"]] and t.by_state() == []
+    clock.t += 10
+    t.sweep()
+    assert {p.state for p in t.peers.values()} == {DEAD}
+    assert t.touched("a") is None and t.peers["a"].state == DEAD  # only a heartbeat revives
+    t.left("g")
+    assert t.touched("g") is None and t.touched("nobody") is None
+    assert t.by_state(DEAD, LEFT) == [t.peers["g"], t.peers["a"]]
+
+
+def test_what_is_recorded_of_a_peer_and_what_gossip_carries_of_it() -> None:
+    t, clock = table()
+    assert t.heard_from("a", "tcp://1.2.3.4:5", "coordinator", 7, "KEY", 12, 2.5) == Change("a", None, ALIVE)
+    assert t.peers["a"] == Peer("a", "tcp://1.2.3.4:5", "coordinator", 7, "KEY", ALIVE, 100.0, 12, None, 2.5)
+    assert t.learned_of({"name": "g", "address": "tcp://1.2.3.4:6", "role": "bootstrap", "incarnation": 3,
+                         "pubkey": "GK", "state": SUSPECT, "round": 4})
+    assert t.peers["g"] == Peer("g", "tcp://1.2.3.4:6", "bootstrap", 3, "GK", JOINING, 100.0, 4)
+    clock.t = 101.23456
+    assert t.snapshot()[0] == {"name": "a", "address": "tcp://1.2.3.4:5", "role": "coordinator", "incarnation": 7,
+                               "pubkey": "KEY", "state": ALIVE, "age": 1.235, "round": 12}
+    t.peers["a"].last_seen = 102.0  # a clock step back never makes a negative age
+    assert t.snapshot()[0]["age"] == 0.0
+    # a restart (silent for its period): the newer incarnation's fields replace the old ones
+    t.peers["a"].last_seen = 101.23456 - 2.5
+    assert t.heard_from("a", "tcp://1.2.3.4:5", "node", 8, "KEY2", 13, 0.5) == Change("a", ALIVE, "rejoined")
+    assert t.peers["a"] == Peer("a", "tcp://1.2.3.4:5", "node", 8, "KEY2", ALIVE, 101.23456, 13, None, 0.5)
+
+
+def test_the_timing_rules_hold_at_their_exact_bounds() -> None:
+    t, clock = table()  # suspect after 3 periods of silence, dead after 6, forgotten 60 s after death
+    hear(t, "a")
+    clock.t = 103.0
+    assert t.sweep() == []  # exactly 3 periods: not yet
+    clock.t = 103.001
+    assert t.sweep() == [Change("a", ALIVE, SUSPECT)]
+    clock.t = 106.0
+    assert t.sweep() == []
+    clock.t = 106.001
+    assert t.sweep() == [Change("a", SUSPECT, DEAD)] and t.peers["a"].dead_since == 106.001
+    clock.t = 166.001
+    t.sweep()
+    assert "a" in t.peers  # exactly forget_after: still known
+    clock.t = 166.002
+    t.sweep()
+    assert "a" not in t.peers
+    # a peer that only gossip introduced goes straight to dead
+    assert t.learned_of({"name": "g", "address": "tcp://1.2.3.4:6", "role": "node", "incarnation": 1, "pubkey": "",
+                         "state": ALIVE, "round": 0})
+    clock.t += 6.001
+    assert t.sweep() == [Change("g", JOINING, DEAD)]
+
+
+def test_a_slower_peer_is_judged_by_its_own_period_up_to_ten_of_ours() -> None:
+    t, clock = table()  # our period is 1 s
+    t.heard_from("slow", "tcp://1.2.3.4:5", "node", 1, "", 0, 4.0)  # 4 s: suspect after 12 s
+    t.heard_from("slower", "tcp://1.2.3.4:6", "node", 1, "", 0, 1e6)  # counted as 10 s: suspect after 30 s
+    t.heard_from("fast", "tcp://1.2.3.4:7", "node", 1, "", 0, 0.1)  # never judged faster than us
+    clock.t = 103.5
+    assert t.sweep() == [Change("fast", ALIVE, SUSPECT)]
+    clock.t = 112.0
+    assert t.sweep() == [Change("fast", SUSPECT, DEAD)]
+    clock.t = 112.5
+    assert t.sweep() == [Change("slow", ALIVE, SUSPECT)]
+    clock.t = 130.0
+    assert t.sweep() == [Change("slow", SUSPECT, DEAD)]
+    clock.t = 130.5
+    assert t.sweep() == [Change("slower", ALIVE, SUSPECT)]
+
+
+def test_the_rules_of_contact_at_their_exact_bounds() -> None:
+    t = PeerTable("me", period=0.5, max_peers=6, clock=Clock(), wall_ns=lambda: 10**12)
+    clock = t.clock
+    assert isinstance(clock, Clock)
+    # an incarnation up to ten minutes ahead of our clock is taken, one nanosecond more is not
+    t.heard_from("a", "tcp://1.2.3.4:5", "node", 10**12 + 600 * 10**9, "", 0)
+    with pytest.raises(Refused, match="future"):
+        t.heard_from("b", "tcp://1.2.3.4:6", "node", 10**12 + 600 * 10**9 + 1, "", 0)
+    info = {"address": "tcp://1.2.3.4:7", "role": "node", "pubkey": "", "state": ALIVE, "round": 0}
+    assert t.learned_of({**info, "name": "g", "incarnation": 10**12 + 600 * 10**9})
+    assert not t.learned_of({**info, "name": "h", "incarnation": 10**12 + 600 * 10**9 + 1})
+    # gossip may fill a quarter of the table (6 // 4 = 1 here); direct contact is not limited by it
+    assert not t.learned_of({**info, "name": "h", "incarnation": 10**12})
+    # a heartbeat of a live peer is just a heartbeat; one of a suspect peer revives it
+    assert t.heard_from("a", "tcp://1.2.3.4:5", "node", 10**12 + 600 * 10**9, "", 1) is None
+    t.peers["a"].state = SUSPECT
+    assert t.heard_from("a", "tcp://1.2.3.4:5", "node", 10**12 + 600 * 10**9, "", 2) == Change("a", SUSPECT, ALIVE)
+    # gossip of a newer process of a member we hear ourselves changes nothing
+    assert not t.learned_of({**info, "name": "a", "incarnation": 10**12 + 600 * 10**9 + 5})
+    assert t.peers["a"].incarnation == 10**12 + 600 * 10**9
+    # a restarted process is taken once the old one has been silent for its period (ours if it gave none)
+    t.heard_from("c", "tcp://1.2.3.4:8", "node", 5, "", 0)  # no period given
+    clock.t += 0.6
+    assert t.heard_from("c", "tcp://1.2.3.4:8", "node", 6, "", 0) == Change("c", ALIVE, "rejoined")
+    t.heard_from("d", "tcp://1.2.3.4:9", "node", 5, "", 0, 100.0)  # counts as 10 of our periods: 5 s
+    clock.t += 4.9
+    t.heard_from("c", "tcp://1.2.3.4:8", "node", 6, "", 0)
+    with pytest.raises(Refused, match="fallen silent"):
+        t.heard_from("d", "tcp://1.2.3.4:9", "node", 6, "", 0, 100.0)
+    clock.t += 0.1
+    assert t.heard_from("d", "tcp://1.2.3.4:9", "node", 6, "", 0, 100.0) == Change("d", ALIVE, "rejoined")
+    # a full table refuses a newcomer for now (it may try again), not for good
+    t.heard_from("e", "tcp://1.2.3.4:10", "node", 5, "", 0)
+    t.heard_from("f", "tcp://1.2.3.4:11", "node", 5, "", 0)
+    assert len(t.peers) == 6
+    t.touched("g")  # alive now: no entry only introduced by gossip is left to make room
+    with pytest.raises(Refused, match="6 members are known") as exc:
+        t.heard_from("z", "tcp://1.2.3.4:12", "node", 5, "", 0)
+    assert exc.value.transient is True
+
+
+def test_a_peer_with_a_period_twice_ours_is_suspected_after_twice_the_time() -> None:
+    t = PeerTable("me", suspect_after=3, dead_after=6, period=0.5, clock=Clock())
+    t.heard_from("a", "tcp://1.2.3.4:5", "node", 1, "", 0, 1.0)  # twice our 0.5 s: suspect after 2 x 3 s
+    t.clock.t += 6.0  # type: ignore[attr-defined]
+    assert t.sweep() == []
+    t.clock.t += 0.01  # type: ignore[attr-defined]
+    assert t.sweep() == [Change("a", ALIVE, SUSPECT)]

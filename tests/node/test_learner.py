@@ -208,8 +208,12 @@ async def test_a_round_averages_the_sources_models_and_its_own_by_sample_count(
     assert await n.run_round(0) == 0
     [(to, kind, trained)] = sent
     assert to == {"n00", "n02"} and kind == "model" and not close(trained, n.reference)  # its trained model
-    # FedAvg (McMahan et al.): the sample-weighted mean of the round's models, this node's own included
-    assert close(n.current_state(), weighted_average([s0, s2, trained], [10.0, 30.0, float(n.samples)]))
+    # FedAvg (McMahan et al.): the sample-weighted mean of the round's models, this node's own included (written
+    # out here, not with weighted_average, so that a change there shows on this path too)
+    total = 10 + 30 + n.samples
+    expected = {k: (10 * s0[k] + 30 * s2[k] + n.samples * trained[k]) / total if v.is_floating_point() else v
+                for k, v in trained.items()}
+    assert close(n.current_state(), expected)
     [rec] = [r for r in records(tmp_path) if r["event"] == "round"]
     ev = evaluate(n.model, n.x_test, n.y_test, n.device)
     assert rec["participated"] is True and math.isfinite(rec["train_loss"])

@@ -6,7 +6,27 @@ import math
 
 import pytest
 
-from p2pfed.wire.messages import MAX_LIST, MAX_STR, SCHEMAS, AnyMap, Opt, SchemaError, check_body, check_value
+from p2pfed.wire.messages import (
+    MAX_LIST,
+    MAX_STR,
+    NAME,
+    NAME_SPEC,
+    SCHEMAS,
+    Address,
+    AnyMap,
+    Int,
+    Many,
+    Num,
+    OneOf,
+    Opt,
+    SchemaError,
+    Text,
+    check_address,
+    check_body,
+    check_value,
+    clip,
+    cut,
+)
 
 GOOD_META = {"epochs": 2, "lr": 0.1, "name": "x", "flag": True, "none": None}
 
@@ -67,3 +87,100 @@ def test_every_message_type_checks_its_body() -> None:
         with pytest.raises(SchemaError):
             check_body(mtype, body)
     assert {"hello", "heartbeat", "gossip", "model", "task", "ack"} <= set(SCHEMAS)
+
+
+def test_clip_echoes_at_most_about_limit_characters_of_any_value() -> None:
+    assert clip("abc") == "'abc'" and clip([1, 2, 3]) == "[1, 2, 3]" and clip(None) == "None"
+    assert clip("x" * 198) == repr("x" * 198)  # 200 characters with the quotes: whole
+    assert clip("x" * 199) == repr("x" * 199)[:200] + "… (199 long)"
+    assert clip("x" * 10**6) == repr("x" * 201)[:200] + "… (1000000 long)"  # a huge string is never repr'd whole
+    assert clip(list(range(100)), 20) == "[0, 1, 2, 3, 4, 5, 6… (100 long)"
+    assert clip(10**300, 10) == "1000000000… (? long)"  # no length to tell
+
+
+def test_cut_escapes_control_characters_and_keeps_about_limit_characters() -> None:
+    assert cut("plain text") == "plain text"
+    assert cut("a\nb\x1b[31m") == "a\\nb\\x1b[31m"  # a forged log line or a terminal escape stays one line
+    assert cut("é ü") == "é ü"  # printable non-ASCII stays as it is
+    assert cut("x" * 300) == "x" * 300
+    assert cut("x" * 301) == "x" * 300 + "… (301 chars)"
+    assert cut("\n" * 200, 10) == "\\n" * 5 + "… (400 chars)"  # the escaped text is what is cut and counted
+
+
+HOST_245 = ".".join(["h" * 60] * 3 + ["h" * 62])  # a host name of 245 characters (labels of at most 63)
+
+
+@pytest.mark.parametrize(("address", "reason"), [
+    ("tcp://10.0.0.1:1", ""), ("tcp://10.0.0.1:65535", ""), ("tcp://host-1.example.org:7000", ""),
+    ("tcp://[::1]:7000", ""), ("tcp://[fe80::1]:1", ""), (f"tcp://{HOST_245}:7000", ""),  # 256 chars
+    (f"tcp://{HOST_245}0:7000", "must be tcp://HOST:PORT"),  # 257 chars
+    (7000, "must be tcp://HOST:PORT"), ("udp://10.0.0.1:7000", "must be tcp://HOST:PORT"),
+    ("garbage", "must be tcp://HOST:PORT"),
+    ("tcp://10.0.0.1", "must be tcp://HOST:PORT with a port in 1..65535"),
+    ("tcp://10.0.0.1:", "must be tcp://HOST:PORT with a port in 1..65535"),
+    ("tcp://10.0.0.1:x", "must be tcp://HOST:PORT with a port in 1..65535"),
+    ("tcp://10.0.0.1:0", "must be tcp://HOST:PORT with a port in 1..65535"),
+    ("tcp://10.0.0.1:65536", "must be tcp://HOST:PORT with a port in 1..65535"),
+    ("tcp://[::zz]:7000", "has a bad IPv6 address"), ("tcp://[]:7000", "has a bad IPv6 address"),
+    ("tcp://[::1x]:7000", "has a bad IPv6 address"),
+    ("tcp://[::1:7000", "has a bad host"), ("tcp://::1]:7000", "has a bad host"), ("tcp://::1:7000", "has a bad host"),
+    ("tcp://no such host:7000", "has a bad host"), ("tcp://:7000", "has a bad host"),
+])
+def test_an_address_is_a_dialable_tcp_host_and_port(address: object, reason: str) -> None:
+    assert check_address(address) == reason
+    if reason:
+        with pytest.raises(SchemaError) as exc:
+            check_value(address, Address(), "body.address")
+        assert str(exc.value) == f"body.address {reason} (got {clip(address, 80)})"
+    else:
+        check_value(address, Address(), "body.address")
+    assert check_address("tcp://h:1", max_len=9) == "" and check_address("tcp://h:10", max_len=9) != ""
+    check_value("tcp://h:1", Address(max_len=9), "a")
+    with pytest.raises(SchemaError, match="must be tcp://HOST:PORT"):  # the spec's own length
+        check_value("tcp://h:10", Address(max_len=9), "a")
+
+
+LONG = "z" * 300
+
+
+@pytest.mark.parametrize(("value", "spec", "reason"), [
+    ("a b", NAME_SPEC, "body must be letters, digits, '-', '_' or '.' (got 'a b')"),
+    ("n" * 65, NAME_SPEC, "body must be a string of at most 64 chars"),
+    (LONG, Text(400, NAME), f"body must be letters, digits, '-', '_' or '.' (got {clip(LONG, 80)})"),
+    (11, Int(0, 10), "body must be an integer in [0, 10] (got 11)"),
+    (-1, Int(0, 10), "body must be an integer in [0, 10] (got -1)"),
+    (1 << 63, int, f"body must be an integer in [{-(1 << 63) + 1}, {(1 << 63) - 1}] (got {1 << 63})"),
+    ("9" * 100, Int(0, 10), f"body must be an integer in [0, 10] (got {clip('9' * 100, 40)})"),
+    (0.005, Num(0.01, 60), "body must be in [0.01, 60] (got 0.005)"),
+    (60.5, Num(0.01, 60), "body must be in [0.01, 60] (got 60.5)"),
+    (math.nan, Num(0.01, 60), "body must be a finite number"),
+    ("x", OneOf(("node", "bootstrap")), "body must be one of node, bootstrap (got 'x')"),
+    (LONG, OneOf(("node",)), f"body must be one of node (got {clip(LONG, 40)})"),
+    (["a"] * 4, Many(str, 3), "body must be a list of at most 3 items"),
+    ({"a": 1, **{f"x{i}": 0 for i in range(9)}}, {"a": int},
+     f"body keys: missing [], unexpected {clip(['x0', 'x1', 'x2', 'x3', 'x4'], 120)}"),
+    ({f"{'k' * 60}{i}": 0 for i in range(5)}, {},
+     f"body keys: missing [], unexpected {clip([f'{chr(107) * 60}{i}' for i in range(5)], 120)}"),
+    ({"s": "x" * (MAX_STR + 1)}, AnyMap(), "body.s is too long"),
+    ({"k": 1.5, "m": [1]}, AnyMap(), "body.m must be a scalar"),
+    ({"n": None, "t": True, "i": 3, "m": [1]}, AnyMap(), "body.m must be a scalar"),  # every item is checked
+    ({"a": 1, "b": 2, "c": 3}, AnyMap(max_items=2), "body must be a map of at most 2 items"),
+])
+def test_a_schema_refusal_says_exactly_what_was_wrong(value: object, spec: object, reason: str) -> None:
+    with pytest.raises(SchemaError) as exc:
+        check_value(value, spec, "body")
+    assert str(exc.value) == reason
+
+
+@pytest.mark.parametrize(("value", "spec"), [
+    ("n" * 64, NAME_SPEC), (0, Int(0, 10)), (10, Int(0, 10)), (0.01, Num(0.01, 60)), (60, Num(0.01, 60)),
+    ("node", OneOf(("node",))), (["a"] * 3, Many(str, 3)), ({"a": 1, "b": 2}, AnyMap(max_items=2)),
+    ({"s": "x" * MAX_STR, "n": None, "b": True, "f": 1.5}, AnyMap()),
+])
+def test_values_at_the_schema_bounds_are_accepted(value: object, spec: object) -> None:
+    check_value(value, spec, "body")
+
+
+def test_a_schema_the_code_got_wrong_is_a_type_error_not_a_refusal() -> None:
+    with pytest.raises(TypeError, match=r"^bad schema at body\.x: 3$"):
+        check_value(1, 3, "body.x")
