@@ -219,3 +219,22 @@ def test_fedavg_takes_any_positive_weights_but_exactly_one_per_model() -> None:
             weighted_average(states, weights)
     with pytest.raises(ValueError, match=r"^nothing to average$"):
         weighted_average(states, [0.0, 0.0])
+
+
+def test_a_loss_function_given_replaces_the_cross_entropy_on_each_mini_batch() -> None:
+    # FedProto's path: loss_fn(model, x, y) of the mini-batch is what is minimised and reported
+    x, y = data(24)
+    seen: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+
+    def doubled(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        seen.append((model, xb, yb))
+        return 2 * F.cross_entropy(model(xb), yb)
+
+    model, plain = linear(), linear()
+    loss = train_epochs(model, x, y, epochs=1, batch_size=8, lr=0.1, seed=3, device=CPU, loss_fn=doubled)
+    plain_loss = train_epochs(plain, x, y, epochs=1, batch_size=8, lr=0.1, seed=3, device=CPU)
+    assert len(seen) == 3 and all(m is model for m, _, _ in seen)
+    assert sorted(int(i) for _, xb, _ in seen for i in (xb[:, :1] == x[:, :1].T).nonzero()[:, 1]) == list(range(24))
+    assert all(yb.shape == (8,) and xb.shape == (8, 5) for _, xb, yb in seen)
+    assert loss > plain_loss  # twice the data loss at the start, and reported as such
+    assert not torch.allclose(state_of(model)["weight"], state_of(plain)["weight"])  # the doubled gradient
