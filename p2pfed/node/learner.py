@@ -110,8 +110,6 @@ class LearningNode:
             partial = await asyncio.to_thread(partial_model, self.model, w0, x, y, epochs=pf.lia_epochs,
                                               batch_size=self.cfg.batch_size, lr=pf.lia_lr,
                                               seed=self.scenario.seed + self.index, device=self.device)
-        if self.adversary == "noise-model":
-            partial = noise_like(partial, self.scenario.seed + self.index)
         self.kept["w0"], self.kept["partial"] = w0, partial
         save_atomic(self.kept, self.checkpoint_path.with_suffix(".kept"))
         return partial
@@ -123,12 +121,17 @@ class LearningNode:
                                          self.x_val, self.y_val, self.device)
         return dict(zip(names, values, strict=True))
 
+    def _outgoing(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A model as it leaves this node (sent or served): a scripted noise-model adversary's is noise."""
+        if self.adversary != "noise-model":
+            return state
+        return noise_like(state, self.scenario.seed * 100003 + self.index * 1009 + self.round)
+
     async def send_model(self, to: set[str], kind: str, state: dict[str, torch.Tensor],
                          meta: dict[str, Any] | None = None) -> int:
         if self.send_delay:
             await asyncio.sleep(self.send_delay)  # a scripted slow link
-        if self.adversary == "noise-model":
-            state = noise_like(state, self.scenario.seed * 100003 + self.index * 1009 + self.round)
+        state = self._outgoing(state)
         body = {"kind": kind, "samples": self.samples, "meta": meta or {}}
 
         async def one(peer: str) -> bool:
@@ -222,12 +225,15 @@ class LearningNode:
         self.arrivals = asyncio.Event()
         return None
 
+    def _check_window(self, rnd: int, what: str) -> None:
+        """Refuse a round past current + AHEAD: a forged or far-future message must not fill the inbox."""
+        if rnd > self.round + AHEAD:
+            raise WireError(f"{what} beyond this node's rounds {self.round}..{self.round + AHEAD}")
+
     def _check_expected(self, msg: Message, kind: str) -> None:
         """Refuse what this node's method does not expect: the kind from this sender for this round, a round
         past current + AHEAD, or a second message of the kind from the sender for the round."""
-        if msg.round > self.round + AHEAD:
-            raise WireError(f"{kind} for round {msg.round} is beyond this node's rounds {self.round}.."
-                            f"{self.round + AHEAD}")
+        self._check_window(msg.round, f"{kind} for round {msg.round} is")
         if not self.method.accepts(kind, msg.sender, msg.round):
             raise WireError(f"{self.name} does not expect a {cut(kind, 40)} from {msg.sender} in round {msg.round}")
         if msg.sender in self.inbox.get((kind, msg.round), {}):
@@ -238,16 +244,15 @@ class LearningNode:
         state = self.kept.get(kind)
         if state is None:
             raise WireError(f"{self.name} keeps no {kind} model")
-        return self.endpoint.message("model", {"kind": kind, "samples": self.samples, "meta": {}}, state)
+        return self.endpoint.message("model", {"kind": kind, "samples": self.samples, "meta": {}},
+                                     self._outgoing(state))
 
     async def _on_scores(self, msg: Message) -> Message | None:
         if len(msg.body["peers"]) != len(msg.body["values"]):
             raise WireError("scores: peers and values differ in length")
         if msg.sender not in self.endpoint.peers.peers:
             raise WireError(f"{msg.sender} is not a member {self.name} knows")
-        if msg.round > self.round + AHEAD:
-            raise WireError(f"choices for round {msg.round} are beyond this node's rounds {self.round}.."
-                            f"{self.round + AHEAD}")
+        self._check_window(msg.round, f"choices for round {msg.round} are")
         # A choice made in a past round still holds (a late joiner's, or a restarted node's choice announced
         # again): the method takes it; only the inbox, which serves rounds still to be collected, skips it.
         on_choices = getattr(self.method, "on_choices", None)
