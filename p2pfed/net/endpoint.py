@@ -118,7 +118,8 @@ class Endpoint:
         self.handlers: dict[str, Handler] = {}
         self.on_change: list[Callable[[Change], None]] = []
         self.changed = asyncio.Event()
-        self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options)
+        self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options,
+                                   mesh=self.options.mesh)
         # At the connection cap, keep the connections to the peers heard from most recently (never-heard first out).
         self.transport.keep_scores = lambda: {p.address: p.last_seen if p.state != JOINING else float("-inf")
                                               for p in self.peers.peers.values()}

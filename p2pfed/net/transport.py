@@ -107,8 +107,10 @@ class Transport:
         keys: security.Keys | None = None,
         options: TransportOptions | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        mesh: str = "default",
     ) -> None:
         self.name = name
+        self.mesh = mesh  # the mesh this member's acknowledgements are sent in
         self.handler = handler
         self.keys = keys
         self.options = options or TransportOptions()
@@ -400,13 +402,18 @@ class Transport:
                                   cut(str(exc)))
             if seen["type"] in SCHEMAS and seen["type"] not in NO_REPLY and seen["id"] != "?":
                 # A request we can tell apart is told why, at once: its sender need not wait for a timeout.
-                refusal = Message("ack", self.name, id=seen["id"],
-                                  body={"ref": seen["id"], "ok": False, "reason": cut(str(exc))})
-                self._spawn(self.reply(routing_id, refusal))
+                self._spawn(self.reply(routing_id, self._ack(seen["id"], cut(str(exc)))))
             return
         if self.keys is not None:
             msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
         self._spawn(self._handle(routing_id, msg))
+
+    def _ack(self, ref: str, refusal: str | None = None, retry: bool = False) -> Message:
+        """The acknowledgement of request ref: a yes, or a no that says why (and whether to try again)."""
+        body: dict[str, Any] = {"ref": ref, "ok": refusal is None, "reason": refusal or ""}
+        if retry:
+            body["retry"] = True
+        return Message("ack", self.name, mesh=self.mesh, id=ref, body=body)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -439,16 +446,15 @@ class Transport:
             self.dropped += 1
             reason = cut(str(exc))
             self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender, reason)
-            body = {"ref": msg.id, "ok": False, "reason": reason}
-            reply = Message("ack", self.name, body={**body, "retry": True} if isinstance(exc, TryLater) else body)
+            reply = self._ack(msg.id, reason, retry=isinstance(exc, TryLater))
         except Exception as exc:
             self.refusals.emit(logging.ERROR, f"bug:{msg.sender}", "%s: handling %s from %s failed", self.name,
                                msg.type, msg.sender, exc_info=True)
-            reply = Message("ack", self.name, body={"ref": msg.id, "ok": False, "reason": clip(exc, 300)})
+            reply = self._ack(msg.id, clip(exc, 300))
         if msg.type in NO_REPLY:
             return
         if reply is None:
-            reply = Message("ack", self.name, body={"ref": msg.id, "ok": True, "reason": ""})
+            reply = self._ack(msg.id)
         reply.id = msg.id
         await self.reply(routing_id, reply)
 

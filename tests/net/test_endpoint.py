@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -282,3 +283,12 @@ async def test_a_join_that_fails_in_an_unexpected_way_is_a_failed_join(members: 
         await node.wait_joined(5)
     with pytest.raises(ValueError, match=r"'tcp://no such host:1'.*pass --advertise"):
         await members("n1", options=FAST).start("tcp://127.0.0.1:0", [boot.address], advertise="tcp://no such host:1")
+
+
+async def test_acknowledgements_travel_in_the_members_mesh(members: Make) -> None:
+    options = dataclasses.replace(FAST, mesh="lab")
+    _, (n0, n1) = await start_mesh(members, 2, options=options)
+    await wait_until(lambda: states(n0).get("n1") == ALIVE, what="n1 alive to n0")
+    n1.handlers["control"] = ack
+    reply = await n0.request("n1", ping(n0), 5)
+    assert reply.body["ok"] and reply.mesh == "lab" and reply.sender == "n1"  # not the default mesh
