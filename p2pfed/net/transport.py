@@ -432,7 +432,7 @@ class Transport:
                 if event["event"] == zmq.EVENT_ACCEPTED:
                     peers[fd] = _peer_of(fd)
                 elif event["event"] == zmq.EVENT_DISCONNECTED:
-                    who = peers.pop(fd, "an address closed before it was seen")
+                    who = peers.pop(fd, _UNSEEN)
                     self.closings.info(who, "%s: connection from %s closed (the peer left, or sent a "
                                           "message over the %.3g MB cap)", self.name, who,
                                           self.options.max_message_bytes / 2**20)
@@ -470,6 +470,9 @@ class Transport:
             log.warning("%s: reply %s to a request could not be sent: %s", self.name, reply.type, exc)
 
 
+_UNSEEN = "an address closed before it was seen"  # a connection the monitor could not name
+
+
 def _peer_of(fd: int) -> str:
     """host:port of the remote end of a connected TCP socket, or why it cannot be told."""
     try:
@@ -477,7 +480,7 @@ def _peer_of(fd: int) -> str:
             host, port = conn.getpeername()[:2]
             return f"{host}:{port}"
     except OSError:
-        return "an address closed before it was seen"
+        return _UNSEEN
 
 
 def _allow_open_files(needed: int) -> None:
