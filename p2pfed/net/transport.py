@@ -135,6 +135,7 @@ class Transport:
         self.in_flight: Counter[str] = Counter()  # requests waiting for a reply, by address
         # address -> (why its handshake failed, whether the other side refused us): watched addresses only
         self.handshakes: dict[str, tuple[str, bool]] = {}
+        self.watches: dict[str, zmq.asyncio.Socket] = {}  # address -> the monitor of its connection's handshakes
         self.tasks: list[asyncio.Task[None]] = []
         self.handling: set[asyncio.Task[None]] = set()
         self.bytes_sent = 0
@@ -181,17 +182,21 @@ class Transport:
                 fut.set_exception(DeliveryError("transport closed"))
         for task in [*self.tasks, *self.dealer_tasks.values(), *self.handling]:
             task.cancel()
+        # Sockets first, then their monitors: a monitor closed while its socket lives blocks libzmq's I/O thread
+        # at the socket's next event (a reconnect, a disconnect), and ctx.term() then waits for ever. Monitors
+        # are closed here, not by their tasks: a task cancelled before its first step never runs its finally.
+        for sock in self.dealers.values():
+            sock.close(linger=linger_ms)
+        if self.router is not None:
+            self.router.close(linger=0)  # not disable_monitor(): it can block at this point
+        for monitor in [*self.watches.values(), *([self.monitor] if self.monitor is not None else [])]:
+            monitor.close(linger=0)
         for task in [*self.tasks, *self.dealer_tasks.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for sock in self.dealers.values():
-            sock.close(linger=linger_ms)
         self.dealers.clear()
         self.dealer_tasks.clear()
-        if self.monitor is not None:  # closed here too: a task cancelled before its first step skips its finally
-            self.monitor.close(linger=0)
-        if self.router is not None:
-            self.router.close(linger=0)  # not disable_monitor(): it can block at this point
+        self.watches.clear()
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
@@ -245,6 +250,9 @@ class Transport:
                 t.cancel()
         if sock is not None:
             sock.close(linger=0)
+        monitor = self.watches.pop(address, None)
+        if monitor is not None:  # after its socket (see close)
+            monitor.close(linger=0)
 
     def watch(self, address: str, server_key: bytes | None = None) -> None:
         """Follow the handshakes of the connection to address, so that a request to it that is not answered
@@ -258,25 +266,23 @@ class Transport:
         self.handshakes.pop(address, None)
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                                           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECT_RETRIED)
+        self.watches[address] = monitor
         self.dealer_tasks[f"watch:{address}"] = asyncio.get_running_loop().create_task(
             self._watch_handshakes(address, monitor), name=f"{self.name}-watch-{address}")
 
     async def _watch_handshakes(self, address: str, monitor: zmq.asyncio.Socket) -> None:
-        try:
-            while True:
-                event = await recv_monitor_message(monitor)
-                kind, value = int(event["event"]), int(event["value"])
-                if kind == zmq.EVENT_CONNECT_RETRIED:
-                    self.handshakes[address] = ("nothing answers there (connection refused)", False)
-                elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                    mismatch = value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                    self.handshakes[address] = (_MISMATCH if mismatch else
-                                                f"the handshake failed (ZMTP protocol error {value:#x})", mismatch)
-                else:
-                    self.handshakes[address] = (_HANDSHAKE.get(kind, "the handshake failed"),
-                                                kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-        finally:
-            monitor.close(linger=0)
+        while True:
+            event = await recv_monitor_message(monitor)
+            kind, value = int(event["event"]), int(event["value"])
+            if kind == zmq.EVENT_CONNECT_RETRIED:
+                self.handshakes[address] = ("nothing answers there (connection refused)", False)
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                mismatch = value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                self.handshakes[address] = (_MISMATCH if mismatch else
+                                            f"the handshake failed (ZMTP protocol error {value:#x})", mismatch)
+            else:
+                self.handshakes[address] = (_HANDSHAKE.get(kind, "the handshake failed"),
+                                            kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
     def send_nowait(self, address: str, msg: Message, server_key: bytes | None = None) -> bool:
         """Send a small message that needs no reply (heartbeat, gossip); return False if it could not go now."""
@@ -387,7 +393,7 @@ class Transport:
         self.bytes_received += sum(len(f) for f in parts)
         if not self.inbound.allow(routing_id):
             self.dropped += 1
-            origin = str(frames[1].get("Peer-Address") or "?") if len(frames) > 1 else "?"
+            origin = _origin(parts[0])
             self.refusals.warning(f"flood:{origin}", "%s: dropping messages from a connection at %s: more than "
                                   "%.0f a second", self.name, origin, self.options.rate)
             return
@@ -395,8 +401,8 @@ class Transport:
             msg = decode([f.buffer for f in parts], self.limits)
         except WireError as exc:
             self.dropped += 1
-            origin = str(frames[1].get("Peer-Address") or "?") if len(frames) > 1 else "?"
-            seen = peek(parts[0].buffer) if parts else {"sender": "?", "type": "?", "id": "?"}
+            origin = _origin(parts[0])
+            seen = peek(parts[0].buffer)
             self.refusals.warning(f"{seen['sender']}@{origin}", "%s: dropped %s from %s at %s: %s", self.name,
                                   "message" if seen["type"] == "?" else seen["type"], seen["sender"], origin,
                                   cut(str(exc)))
@@ -425,19 +431,16 @@ class Transport:
         a peer whose message exceeds max_message_mb without telling anyone else. A connection closed before the
         monitor saw it open (its first message was already too large) cannot be named any more."""
         peers = self.connections
-        try:
-            while True:
-                event = await recv_monitor_message(monitor)
-                fd = int(event["value"])
-                if event["event"] == zmq.EVENT_ACCEPTED:
-                    peers[fd] = _peer_of(fd)
-                elif event["event"] == zmq.EVENT_DISCONNECTED:
-                    who = peers.pop(fd, _UNSEEN)
-                    self.closings.info(who, "%s: connection from %s closed (the peer left, or sent a "
-                                          "message over the %.3g MB cap)", self.name, who,
-                                          self.options.max_message_bytes / 2**20)
-        finally:
-            monitor.close(linger=0)
+        while True:  # the monitor is closed by close(), after the router
+            event = await recv_monitor_message(monitor)
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                peers[fd] = _peer_of(fd)
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                who = peers.pop(fd, _UNSEEN)
+                self.closings.info(who, "%s: connection from %s closed (the peer left, or sent a "
+                                      "message over the %.3g MB cap)", self.name, who,
+                                   self.options.max_message_bytes / 2**20)
 
     async def _handle(self, routing_id: bytes, msg: Message) -> None:
         try:
@@ -471,6 +474,12 @@ class Transport:
 
 
 _UNSEEN = "an address closed before it was seen"  # a connection the monitor could not name
+
+
+def _origin(frame: zmq.Frame) -> str:
+    """The address of the connection a received frame came by (libzmq tags each one), for log lines. A ROUTER's
+    message is the sender's routing id and at least one frame, so a message always has this frame."""
+    return str(frame.get("Peer-Address") or "?")
 
 
 def _peer_of(fd: int) -> str:

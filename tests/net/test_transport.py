@@ -6,17 +6,21 @@ import asyncio
 import contextlib
 import logging
 import re
+import resource
+import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 import zmq
 import zmq.asyncio
 
-from p2pfed.net.transport import DeliveryError, Transport, TransportOptions
-from p2pfed.wire import Message, WireError, check_tensors, encode
+from p2pfed.net import security
+from p2pfed.net.transport import _MISMATCH, DeliveryError, Refusal, Transport, TransportOptions
+from p2pfed.wire import DEFAULT_LIMITS, Message, TryLater, WireError, check_tensors, decode, encode
 from tests.conftest import Inbox
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 Make = Callable[..., Transport]
 
@@ -50,7 +54,9 @@ async def test_request_is_acknowledged_and_tensors_arrive_intact(transports: Mak
     reply = await sender.request(receiver.address, model(w=w), timeout=5)
     assert reply.type == "ack" and reply.body["ok"]
     assert torch.equal(got[0].tensors["w"], w) and got[0].sender == "a"
-    assert sender.bytes_sent >= w.numel() * 4 and receiver.bytes_received >= w.numel() * 4
+    sent = sum(memoryview(f).nbytes for f in encode(got[0]))
+    assert sender.bytes_sent == receiver.bytes_received == sent > w.numel() * 4
+    assert sender.bytes_received == receiver.bytes_sent == sum(len(f) for f in encode(reply))
 
 
 async def test_request_to_a_dead_address_times_out_loudly(transports: Make) -> None:
@@ -151,7 +157,8 @@ async def test_garbage_is_dropped_with_one_log_line_and_the_node_keeps_running(
     assert reply.body["ok"] and len(got) == 1
     drops = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert len(drops) == 4
-    assert any("mallory" in d and "NaN" in d for d in drops)
+    assert any(re.match(r"b: dropped model from mallory at 127\.0\.0\.1: .*NaN", d) for d in drops)
+    assert any(re.match(r"b: dropped message from \? at 127\.0\.0\.1: ", d) for d in drops)
     assert any("unknown message type 'exec!'" in d for d in drops)
 
 
@@ -232,3 +239,239 @@ async def test_a_bug_about_one_message_never_stops_receiving(transports: Make, m
         assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"] and len(got) == 1
     bugs = [r for r in caplog.records if "could not be handled" in r.getMessage()]
     assert 1 <= len(bugs) <= 5 and bugs[0].exc_info is not None  # with its traceback, a few per window
+
+
+# -- what each path of the transport promises, exactly (mutation-checked: tests/mutation/run.sh) --------------
+
+def heartbeat(sender: str = "a") -> Message:
+    return Message("heartbeat", sender, body={"address": "tcp://127.0.0.1:9", "role": "node", "incarnation": 1,
+                                              "pubkey": "", "round": 0, "heartbeat": 1.0})
+
+
+async def raw_reply(rogue: zmq.asyncio.Socket, msg: Message) -> Message:
+    """Send msg from a raw socket and decode what comes back."""
+    await rogue.send_multipart(encode(msg))
+    frames = await asyncio.wait_for(rogue.recv_multipart(copy=False), 5)
+    return decode([f.buffer for f in frames], DEFAULT_LIMITS)
+
+
+async def test_acknowledgements_say_yes_or_why_not_and_whether_to_retry(transports: Make,
+                                                                       rogue: zmq.asyncio.Socket) -> None:
+    async def judge(msg: Message) -> Message | None:
+        reason = msg.body["meta"].get("refuse")
+        if reason == "later":
+            raise TryLater("busy, try again")
+        if reason == "never":
+            raise WireError("not this model")
+        return None
+
+    receiver = transports("b", judge, mesh="lab")
+    rogue.connect(receiver.address)
+    asked = [model(), model(), model()]
+    asked[1].body["meta"] = {"refuse": "later"}
+    asked[2].body["meta"] = {"refuse": "never"}
+    replies = [await raw_reply(rogue, m) for m in asked]
+    assert [(r.type, r.sender, r.mesh, r.id) for r in replies] == [("ack", "b", "lab", m.id) for m in asked]
+    assert [r.body for r in replies] == [
+        {"ref": asked[0].id, "ok": True, "reason": ""},
+        {"ref": asked[1].id, "ok": False, "reason": "busy, try again", "retry": True},
+        {"ref": asked[2].id, "ok": False, "reason": "not this model"},
+    ]
+    sender = transports("a")
+    with pytest.raises(Refusal) as later:
+        await sender.request(receiver.address, asked[1], timeout=5)
+    assert (later.value.reason, later.value.retry) == ("busy, try again", True)
+    assert str(later.value) == f"{receiver.address} refused model: busy, try again"
+    with pytest.raises(Refusal) as never:
+        await sender.request(receiver.address, asked[2], timeout=5)
+    assert (never.value.reason, never.value.retry) == ("not this model", False)
+    assert receiver.dropped == 4  # each refusal counted (a failing handler's bug is not a drop)
+
+
+async def test_a_request_that_breaks_the_schema_is_refused_at_once_with_the_reason(
+        transports: Make, rogue: zmq.asyncio.Socket) -> None:
+    receiver = transports("b")
+    rogue.connect(receiver.address)
+    bad = model("mallory", w=torch.full((2,), float("inf")))
+    reply = await raw_reply(rogue, bad)
+    assert reply.type == "ack" and reply.id == bad.id and reply.body["ref"] == bad.id
+    assert not reply.body["ok"] and "inf" in reply.body["reason"].lower() and "retry" not in reply.body
+    await rogue.send_multipart([*encode(heartbeat("mallory"))[:1], b"x"])  # a broken message that wants no reply
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(rogue.recv_multipart(), 0.5)
+    assert receiver.dropped == 2
+
+
+async def test_send_nowait_delivers_a_message_that_wants_no_reply(transports: Make) -> None:
+    sender, receiver, got = pair(transports)
+    beat = heartbeat()
+    assert sender.send_nowait(receiver.address, beat) is False  # not connected yet (IMMEDIATE): not queued
+    await wait_until(lambda: sender.send_nowait(receiver.address, beat), what="a connected dealer")
+    await wait_until(lambda: got, what="the heartbeat to arrive")
+    assert got[0].type == "heartbeat" and got[0].id == beat.id
+    assert sender.bytes_sent == sum(memoryview(f).nbytes for f in encode(beat))
+    reply = await sender.request(receiver.address, model(), timeout=5)  # after the heartbeat, on one connection
+    assert reply.body["ok"]
+    assert sender.bytes_received == sum(len(f) for f in encode(reply))  # only the model's ack came back
+    assert sender.send_nowait("tcp://127.0.0.1:1", beat) is False and "tcp://127.0.0.1:1" in sender.dealers
+
+
+async def test_a_keyed_transport_sends_nothing_to_a_peer_whose_key_it_does_not_know(
+        transports: Make, tmp_path: Path) -> None:
+    security.generate_keys(tmp_path / "a", "a")
+    sender = transports("a", keys=security.load_keys(tmp_path / "a"))
+    assert sender.send_nowait("tcp://127.0.0.1:1", heartbeat()) is False
+    with pytest.raises(DeliveryError, match=r"no public key known for tcp://127\.0\.0\.1:1"):
+        await sender.request("tcp://127.0.0.1:1", model(), timeout=1)
+    assert not sender.dealers and not sender.in_flight
+
+
+async def test_a_message_that_wants_no_reply_cannot_be_requested(transports: Make) -> None:
+    sender = transports("a")
+    with pytest.raises(ValueError, match="heartbeat messages get no reply; use send_nowait"):
+        await sender.request("tcp://127.0.0.1:1", heartbeat(), timeout=1)
+    assert not sender.dealers and not sender.pending
+
+
+async def test_a_request_too_large_for_the_cap_says_by_how_much(transports: Make) -> None:
+    sender = transports("a", options=TransportOptions(max_message_bytes=3 << 20))
+    with pytest.raises(DeliveryError) as big:
+        await sender.request("tcp://127.0.0.1:1", model(w=torch.zeros(1 << 20)), timeout=1)
+    assert re.match(r"model of 4\.0 MB exceeds max_message_mb \(3 MB\)", str(big.value))
+    assert not sender.dealers and not sender.in_flight and sender.bytes_sent == 0
+
+
+async def test_the_dealer_cap_closes_the_idle_connection_scored_lowest_else_the_least_recent(
+        transports: Make) -> None:
+    sender = transports("a", options=TransportOptions(max_dealers=2))
+    one, two, three, four = (f"tcp://127.0.0.1:{p}" for p in (1, 2, 3, 4))
+    for address in (one, two, one):
+        sender.send_nowait(address, heartbeat())
+    closed = sender.dealers[two]
+    sender.send_nowait(three, heartbeat())  # two was used least recently
+    assert list(sender.dealers) == [one, three] and closed.closed and two not in sender.dealer_tasks
+    sender.keep_scores = lambda: {one: 1.0, three: 5.0}
+    sender.send_nowait(four, heartbeat())  # one is scored lower than three
+    assert list(sender.dealers) == [three, four]
+    sender.keep_scores = lambda: {four: 1.0}  # unscored counts lowest: three goes
+    sender.send_nowait(one, heartbeat())
+    assert list(sender.dealers) == [four, one]
+    sender.in_flight[four] += 1
+    sender.in_flight[one] += 1
+    with pytest.raises(DeliveryError, match=r"^2 connections are busy; not opening one to 'tcp://127\.0\.0\.1:2'$"):
+        sender._dealer(two, None)
+    assert sender.send_nowait(two, heartbeat()) is False and list(sender.dealers) == [four, one]
+
+
+async def test_forget_closes_a_connection_with_its_reader_and_its_watch(transports: Make) -> None:
+    sender = transports("a")
+    address = "tcp://127.0.0.1:1"
+    sender.watch(address)
+    sender.watch(address)  # a second watch of the same connection adds nothing
+    sock, monitor, tasks = sender.dealers[address], sender.watches[address], dict(sender.dealer_tasks)
+    assert set(tasks) == {address, f"watch:{address}"}
+    sender.forget(address)  # before the watch's task ever ran: its monitor is closed all the same
+    assert address not in sender.dealers and not sender.dealer_tasks and not sender.watches
+    assert sock.closed and monitor.closed
+    await asyncio.sleep(0)
+    assert all(t.cancelled() or t.done() for t in tasks.values())
+    sender.forget(address)  # forgetting what is gone is harmless
+
+
+async def test_a_watched_connection_says_why_its_requests_go_unanswered(transports: Make) -> None:
+    sender = transports("a", options=TransportOptions(reconnect_ivl_ms=20, reconnect_ivl_max_ms=20))
+    address = f"tcp://127.0.0.1:{free_port()}"
+    sender.watch(address)
+    with pytest.raises(DeliveryError) as unanswered:
+        await sender.request(address, model(), timeout=1)
+    assert not isinstance(unanswered.value, Refusal)
+    assert str(unanswered.value).endswith("not acknowledged within 1s: nothing answers there (connection refused)")
+    assert sender.handshakes[address] == ("nothing answers there (connection refused)", False)
+
+
+@pytest.mark.parametrize("case", ["key not allowed", "no keys on the caller"])
+async def test_a_handshake_the_receiver_refuses_is_a_refusal_with_its_reason(
+        transports: Make, tmp_path: Path, case: str) -> None:
+    for name in ("b", "mallory"):
+        security.generate_keys(tmp_path / name, name)
+    receiver = transports("b", keys=security.load_keys(tmp_path / "b"))
+    assert receiver.keys is not None
+    if case == "key not allowed":
+        sender = transports("mallory", keys=security.load_keys(tmp_path / "mallory"))
+        reason = "it refused this member's key (not in its allow-list)"
+    else:
+        sender = transports("mallory")
+        reason = _MISMATCH
+    sender.watch(receiver.address, receiver.keys.public)
+    with pytest.raises(Refusal) as refused:
+        await sender.request(receiver.address, model("mallory"), timeout=2, server_key=receiver.keys.public)
+    assert refused.value.reason == reason and not refused.value.retry
+    assert str(refused.value).endswith(f"not acknowledged within 2s: {reason}")
+
+
+async def test_a_connection_over_its_rate_is_dropped_undecoded_and_logged_once_a_window(
+        transports: Make, rogue: zmq.asyncio.Socket, caplog: pytest.LogCaptureFixture) -> None:
+    got = Inbox()
+    receiver = transports("b", got, options=TransportOptions(rate=10.0))
+    rogue.connect(receiver.address)
+    frames = encode(heartbeat("mallory"))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(200):
+            await rogue.send_multipart(frames)
+        await wait_until(lambda: len(got) + receiver.dropped == 200, what="all 200 read")
+    assert 20 <= len(got) <= 40  # a burst of 2x the rate, and what the rate refills while they are read
+    floods = [r.getMessage() for r in caplog.records if "more than 10 a second" in r.getMessage()]
+    assert 1 <= len(floods) <= 5
+    assert floods[0] == "b: dropping messages from a connection at 127.0.0.1: more than 10 a second"
+
+
+async def test_closing_a_transport_releases_every_task_and_socket(transports: Make) -> None:
+    sender, receiver, _ = pair(transports)
+    await sender.request(receiver.address, model(), timeout=5)
+    sender.watch("tcp://127.0.0.1:1")  # a connection that retries, and a monitor whose task has not run yet
+    tasks = [*sender.tasks, *sender.dealer_tasks.values()]
+    socks = [*sender.dealers.values(), *sender.watches.values(), sender.router, sender.monitor]
+    await sender.close()  # hung in ctx.term() when a monitor outlived its socket
+    assert all(t.done() for t in tasks) and not sender.dealers and not sender.dealer_tasks
+    assert all(s is not None and s.closed for s in socks) and sender.ctx.closed
+
+
+async def test_a_reply_that_cannot_be_routed_is_logged_not_raised(transports: Make,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    receiver = transports("b")
+    with caplog.at_level(logging.WARNING):
+        await receiver.reply(b"\x00nobody", receiver._ack("x" * 8), timeout=1)
+    assert any(re.match(r"b: reply ack to a request could not be sent: ", r.getMessage()) for r in caplog.records)
+    assert receiver.bytes_sent == 0
+
+
+def test_peer_of_names_the_remote_end_or_says_it_cannot() -> None:
+    from p2pfed.net.transport import _UNSEEN, _peer_of
+
+    with socket.socket() as server, socket.socket() as client:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client.connect(server.getsockname())
+        conn, _ = server.accept()
+        with conn:
+            assert _peer_of(conn.fileno()) == f"127.0.0.1:{client.getsockname()[1]}"
+        assert _peer_of(server.fileno()) == _UNSEEN  # listening, connected to nobody
+    assert _peer_of(10_000) == _UNSEEN  # not an open file
+
+
+@pytest.mark.parametrize(("limits", "needed", "set_to"), [
+    ((100, 1000), 500, (500, 1000)),  # raised to what is needed
+    ((100, 1000), 5000, (1000, 1000)),  # never past the hard limit
+    ((100, resource.RLIM_INFINITY), 5000, (5000, resource.RLIM_INFINITY)),
+    ((800, 1000), 500, None),  # already enough
+    ((resource.RLIM_INFINITY, resource.RLIM_INFINITY), 500, None),
+])
+def test_the_open_files_limit_is_raised_to_what_the_dealer_cap_needs(
+        monkeypatch: pytest.MonkeyPatch, limits: tuple[int, int], needed: int, set_to: tuple[int, int] | None) -> None:
+    from p2pfed.net import transport
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(transport.resource, "getrlimit", lambda which: limits)
+    monkeypatch.setattr(transport.resource, "setrlimit", lambda which, value: calls.append(value))
+    transport._allow_open_files(needed)
+    assert calls == ([set_to] if set_to else [])
