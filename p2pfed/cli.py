@@ -59,7 +59,7 @@ def _member_config(args: argparse.Namespace, section: str) -> NodeConfig:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     """Start the rendezvous a mesh grows from."""
-    from p2pfed.node.member import run_member
+    from p2pfed.launch.member import run_member
 
     cfg = _member_config(args, "bootstrap")
     cfg.name = cfg.name or "bootstrap"
@@ -68,7 +68,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 def cmd_node(args: argparse.Namespace) -> int:
     """Start a node that joins a mesh."""
-    from p2pfed.node.member import run_member
+    from p2pfed.launch.member import run_member
 
     cfg = _member_config(args, "node")
     if args.coordinator and args.coordinator.startswith("tcp://") and not cfg.join:
@@ -76,7 +76,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     if not cfg.join and not cfg.discovery:
         raise ConfigError("a node needs --join tcp://HOST:PORT (a bootstrap or any live node) or --discovery")
     if args.scenario:
-        from p2pfed.node.member import parse_indices, run_learning_nodes
+        from p2pfed.launch.member import parse_indices, run_learning_nodes
 
         indices = parse_indices(args.index)
         method = args.method or (None if args.coordinator else "pfedlia-p2p")
@@ -88,7 +88,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     """Start the coordinator of a coordinated method."""
-    from p2pfed.node.member import run_coordinator
+    from p2pfed.launch.member import run_coordinator
 
     cfg = _member_config(args, "node")
     return _run_until_signal(lambda stop: run_coordinator(
@@ -145,7 +145,7 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a scripted scenario on this machine."""
-    from p2pfed.scenario.runner import run_scenario_file
+    from p2pfed.launch.runner import run_scenario_file
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     return run_scenario_file(Path(args.scenario), Path(args.out) if args.out else None, quiet=args.quiet,

@@ -2,7 +2,7 @@
 # The test command: install what the tests need on a fresh machine, then run every check CI runs.
 #   Debian packages (as root, when missing): mosquitto for the broker tests, iproute2 for the multihost test.
 #   Python packages: torch 2.14.1 and torchvision 0.29.1 (from this machine's disk), p2pfed and its test extras.
-# Then: ruff and mypy over p2pfed/, the default (fast) tests, then the multihost, broker and slow tests, with the
+# Then: ruff and mypy over p2pfed/, import-linter's layers contract, the default (fast) tests, then the multihost, broker and slow tests, with the
 # line coverage of both (node processes included) printed at the end: a figure to read, not a gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,7 @@ fi
 python3 -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 -e '.[test]'
 echo "== ruff"; python3 -m ruff check p2pfed tests benchmarks
 echo "== mypy"; python3 -m mypy p2pfed
+echo "== layers"; lint-imports --no-cache  # the contract in pyproject.toml: imports run one way, down the layers
 rm -f .coverage .coverage.*
 echo "== default tests"; python3 -m pytest -q --cov --cov-report=
 echo "== multihost, broker and slow tests"; python3 -m pytest -q -m "multihost or broker or slow" --cov --cov-append \

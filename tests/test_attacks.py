@@ -20,12 +20,12 @@ import torch
 import zmq
 import zmq.asyncio
 
+from p2pfed.launch.runner import prepare_data
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
 from p2pfed.net.transport import DeliveryError, Transport, TransportOptions
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
-from p2pfed.scenario.runner import prepare_data
 from p2pfed.wire import DTYPES, WIRE_VERSION, Message, encode
 from p2pfed.wire.codec import tensor_frame
 from tests.helpers import wait_until

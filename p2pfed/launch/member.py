@@ -98,11 +98,11 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
     coordinator's tasks; a decentralized method makes them LearningNodes that run their own rounds."""
     import torch
 
+    from p2pfed.launch.runner import prepare_data
     from p2pfed.methods import is_central
     from p2pfed.node.client import CentralNode
     from p2pfed.node.learner import LearningNode
     from p2pfed.scenario.config import load_scenario
-    from p2pfed.scenario.runner import prepare_data
 
     scenario = load_scenario(scenario_path)
     bad = [i for i in indices if not 0 <= i < scenario.nodes]
@@ -152,9 +152,9 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     import torch
 
     from p2pfed.coordinator.server import Coordinator
+    from p2pfed.launch.runner import prepare_data
     from p2pfed.methods import CENTRAL, REGISTRY, is_central
     from p2pfed.scenario.config import load_scenario
-    from p2pfed.scenario.runner import prepare_data
 
     if method in REGISTRY:
         raise ValueError(f"{method} is a decentralized method: its nodes need no coordinator")

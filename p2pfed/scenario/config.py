@@ -16,6 +16,9 @@ from p2pfed.config import ConfigError, MeshConfig, fill, read_toml
 from p2pfed.learn.datasets import DATASETS
 from p2pfed.learn.models import MODELS
 from p2pfed.learn.partition import PARTITIONS
+from p2pfed.methods import CENTRAL, METHODS
+from p2pfed.methods.pfedlia_p2p import PFedLIAConfig
+from p2pfed.wire.messages import is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
 ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/node/adversary.py
@@ -57,17 +60,6 @@ class TrainConfig:
     round_timeout: float = 60.0
     device: str = "auto"
     eval_every: int = 1  # evaluate the personalised model every k rounds (and always after the last)
-
-
-@dataclass
-class PFedLIAConfig:
-    """pFedLIA (paper 002): warm-up, partial models, selection."""
-
-    warmup_rounds: int = 5
-    lia_epochs: int = 20
-    lia_batch: int = 100
-    lia_lr: float = 0.05
-    gap: float = 0.8
 
 
 @dataclass
@@ -150,9 +142,6 @@ class Scenario:
 
     def validate(self, where: str = "") -> None:
         """Raise ConfigError naming the key of anything that cannot work."""
-        from p2pfed.methods import CENTRAL, METHODS
-        from p2pfed.wire.messages import is_name
-
         c = self.central
         checks = [
             (is_name(self.name), f"scenario.name must be up to 64 letters, digits, '-', '_' or '.' (it names "

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from p2pfed.coordinator.server import Coordinator
+from p2pfed.launch.runner import mesh_options, prepare_data, run_scenario
 from p2pfed.methods.central import Task, pack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.node.client import CentralNode
 from p2pfed.scenario.config import Scenario, load_scenario
-from p2pfed.scenario.runner import mesh_options, prepare_data, run_scenario
 from p2pfed.wire import Message, WireError
 from tests.scenario.test_mesh_learning import LATE_AND_CRASH, shrink, write
 

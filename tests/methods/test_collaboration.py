@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
+from p2pfed.launch.runner import run_scenario
 from p2pfed.scenario.config import load_scenario
-from p2pfed.scenario.runner import run_scenario
 
 SCENARIO = """
 [scenario]

@@ -6,8 +6,7 @@ from typing import Any
 
 import torch
 
-from p2pfed.methods.pfedlia_p2p import PFedLIAP2P
-from p2pfed.scenario.config import PFedLIAConfig
+from p2pfed.methods.pfedlia_p2p import PFedLIAConfig, PFedLIAP2P
 
 
 class FakeNode:

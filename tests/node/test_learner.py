@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from p2pfed.launch.runner import prepare_data
 from p2pfed.learn.checkpoint import save_atomic
 from p2pfed.learn.train import evaluate, weighted_average
 from p2pfed.methods.base import Method
@@ -23,7 +24,6 @@ from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
-from p2pfed.scenario.runner import prepare_data
 from p2pfed.wire import Message, WireError
 
 SCENARIO = """

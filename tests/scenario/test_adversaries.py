@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from p2pfed.config import ConfigError
+from p2pfed.launch.runner import run_scenario
 from p2pfed.node.adversary import flip_labels, noise_like
 from p2pfed.scenario.config import load_scenario
-from p2pfed.scenario.runner import run_scenario
 
 SCENARIO = """
 [scenario]

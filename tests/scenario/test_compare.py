@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from p2pfed.launch.runner import run_scenario
 from p2pfed.methods import METHODS
 from p2pfed.scenario.config import load_scenario
-from p2pfed.scenario.runner import run_scenario
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "compare-digits.toml"
 # Paper 002's Table I methods and the coordinated baselines (CAM has its own test: tests/methods/test_cam.py)

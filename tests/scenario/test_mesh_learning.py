@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from p2pfed.launch.runner import run_scenario
 from p2pfed.scenario.config import load_scenario
-from p2pfed.scenario.runner import run_scenario
 
 SCENARIO = """
 [scenario]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from p2pfed.config import NodeConfig
-from p2pfed.node.member import make_endpoint, use_scenario_mesh
+from p2pfed.launch.member import make_endpoint, use_scenario_mesh
+from p2pfed.launch.runner import member
 from p2pfed.scenario.config import load_scenario
-from p2pfed.scenario.runner import member
 
 SCENARIO = """
 [scenario]

@@ -1,0 +1,1 @@
+"""The optional coordinator: runs the centralized methods over the mesh (server.py)."""
