@@ -32,7 +32,6 @@ from p2pfed.learn.train import state_of
 from p2pfed.methods import make_server
 from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
-from p2pfed.net.membership import ALIVE, SUSPECT
 from p2pfed.net.transport import DeliveryError
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
@@ -135,8 +134,7 @@ class Coordinator:
 
     def live_nodes(self) -> list[str]:
         """Learning nodes that are alive or suspect."""
-        return sorted(p.name for p in self.endpoint.peers.peers.values()
-                      if p.state in (ALIVE, SUSPECT) and p.role == "node")
+        return self.endpoint.peers.live_names("node")
 
     # -- the round loop --------------------------------------------------------------------------
     async def run(self, wait_for: int = 0, start_timeout: float = 120.0) -> None:

@@ -8,12 +8,13 @@ import logging
 import math
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from p2pfed.config import NodeConfig
 from p2pfed.net import security
 from p2pfed.net.discovery import MqttDiscovery
 from p2pfed.net.endpoint import Endpoint
+from p2pfed.net.waits import unless_stopped
 
 if TYPE_CHECKING:
     from p2pfed.scenario.config import Scenario
@@ -23,28 +24,13 @@ log = logging.getLogger(__name__)
 JOIN_WAIT = 60.0  # seconds a learning node or coordinator waits to be welcomed before giving up
 
 
-async def first_of(stop: asyncio.Event, work: Any) -> bool:
-    """Run the awaitable work until it ends or stop is set; return False if stop came first (work is then
-    cancelled). An exception of work is raised."""
-    task = asyncio.ensure_future(work)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopper.cancel()
-        if not task.done():
-            task.cancel()
-    if not task.done() or task.cancelled():
-        return False
-    task.result()
-    return True
-
-
 def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario, method: str | None) -> None:
     """Take the scenario's mesh settings (timing, message size cap): every member of a scenario's mesh must
     agree on them. The mesh name stays the one given, else it is the scenario's and method's."""
-    name = cfg.mesh.mesh if cfg.mesh.mesh != "default" or method is None else scenario.mesh_name(method)
-    cfg.mesh = dataclasses.replace(scenario.mesh, mesh=name)
+    if cfg.mesh.mesh != "default" or method is None:
+        cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh)
+    else:
+        cfg.mesh = scenario.mesh_for(method)
 
 
 def make_endpoint(cfg: NodeConfig, role: str) -> Endpoint:
@@ -70,7 +56,7 @@ async def run_member(
             discovery = MqttDiscovery(endpoint, cfg.discovery)
             discovery.start()
         # Until told to stop; a join that fails (refused, or no answer for join_give_up seconds) ends it.
-        await first_of(stop, endpoint.wait_joined(math.inf))
+        await unless_stopped(stop, endpoint.wait_joined(math.inf))
         await stop.wait()
     finally:
         if discovery is not None:
@@ -129,17 +115,14 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
                 node = LearningNode(scenario, index, method, dataset, partition, endpoint, out)
             node.send_delay = send_delay
             nodes.append(node)
-        if not await first_of(stop, asyncio.gather(*(e.wait_joined(JOIN_WAIT) for e in endpoints))):
+        if not await unless_stopped(stop, asyncio.gather(*(e.wait_joined(JOIN_WAIT) for e in endpoints))):
             return  # stopped while joining
         runs = [asyncio.ensure_future(n.run(start_round, wait_for_peers=wait_for)) for n in nodes]
-        stopper = asyncio.ensure_future(stop.wait())
-        everyone: asyncio.Future[Any] = asyncio.gather(*runs)
-        await asyncio.wait([stopper, everyone], return_when=asyncio.FIRST_COMPLETED)
-        for task in [*runs, stopper]:
-            task.cancel()
-        for task in runs:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        try:
+            await unless_stopped(stop, asyncio.gather(*runs))  # raises the first node's failure
+        finally:
+            for task in runs:  # the other nodes of this process stop with it
+                task.cancel()
     finally:
         for endpoint in endpoints:
             await endpoint.stop()
@@ -168,16 +151,10 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     endpoint = make_endpoint(cfg, "coordinator")
     await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
     try:
-        if not await first_of(stop, endpoint.wait_joined(JOIN_WAIT)):
+        if not await unless_stopped(stop, endpoint.wait_joined(JOIN_WAIT)):
             return
         coordinator = Coordinator(scenario, method, endpoint, dataset, partition, out, state_dir)
-        run = asyncio.ensure_future(coordinator.run(wait_for=wait_for))
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([run, stopper], return_when=asyncio.FIRST_COMPLETED)
-        for task in (run, stopper):
-            task.cancel()
-        if run.done() and not run.cancelled() and run.exception() is not None:
-            raise run.exception()  # type: ignore[misc]
+        await unless_stopped(stop, coordinator.run(wait_for=wait_for))
     finally:
         await endpoint.stop()
         log.info("%s: stopped", endpoint.name)

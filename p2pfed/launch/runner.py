@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -41,12 +40,12 @@ Progress = Callable[[str, int, int], None]  # (method, rounds done by every node
 
 def mesh_options(scenario: Scenario, method: str) -> MeshOptions:
     """Mesh timing from the scenario; each method gets its own mesh name so runs never mix."""
-    return dataclasses.replace(scenario.mesh, mesh=scenario.mesh_name(method)).endpoint_options()[0]
+    return scenario.mesh_for(method).endpoint_options()[0]
 
 
 def member(scenario: Scenario, method: str, name: str, role: str = "node") -> Endpoint:
     """An endpoint (not started) of the scenario's mesh for this method, with its timing and message cap."""
-    options, transport = dataclasses.replace(scenario.mesh, mesh=scenario.mesh_name(method)).endpoint_options()
+    options, transport = scenario.mesh_for(method).endpoint_options()
     return Endpoint(name, role, options=options, transport_options=transport)
 
 

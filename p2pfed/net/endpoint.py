@@ -33,6 +33,7 @@ from p2pfed.net import security
 from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
 from p2pfed.net.throttle import LogLimiter
 from p2pfed.net.transport import BadAddress, DeliveryError, Handler, Refusal, Transport, TransportOptions
+from p2pfed.net.waits import first_of
 from p2pfed.wire import Message, TryLater, WireError
 from p2pfed.wire.messages import MAX_PEERS_LISTED, check_address
 
@@ -235,11 +236,7 @@ class Endpoint:
             peer.address, msg, timeout or self.options.request_timeout, self._server_key(peer)))
         try:
             while not request.done():
-                changed = asyncio.ensure_future(self.changed.wait())
-                try:
-                    await asyncio.wait([request, changed], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    changed.cancel()
+                await first_of(request, self.changed)
                 now = self.peers.peers.get(peer_name)
                 if not request.done() and (now is None or now.state in (DEAD, LEFT) or now.incarnation != incarnation):
                     state = "gone" if now is None else now.state if now.incarnation == incarnation else "restarted"

@@ -212,6 +212,10 @@ class PeerTable:
         """Peers currently alive or suspect (still worth talking to and waiting for)."""
         return [p for p in self.peers.values() if p.state in LIVE_STATES]
 
+    def live_names(self, role: str) -> list[str]:
+        """The sorted names of the live peers of one role (e.g. the learning nodes, not the bootstrap)."""
+        return sorted(p.name for p in self.live() if p.role == role)
+
     def by_state(self, *states: str) -> list[Peer]:
         """Peers in any of the given states."""
         return [p for p in self.peers.values() if p.state in states]

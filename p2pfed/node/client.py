@@ -32,11 +32,12 @@ from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import Evaluation, distance_penalty, evaluate, pick_device, state_of, train_epochs
+from p2pfed.learn.train import Evaluation, distance_penalty, evaluate, pick_device, round_seed, state_of, train_epochs
 from p2pfed.methods import make_client
 from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Change
+from p2pfed.net.waits import first_of
 from p2pfed.node.adversary import flip_labels, noise_like
 from p2pfed.node.local_data import local_data
 from p2pfed.report.records import append_record
@@ -128,7 +129,7 @@ class CentralNode:
     @property
     def round_seed(self) -> int:
         """The seed of this node's local training in this round (the same on a rerun)."""
-        return self.scenario.seed * 100003 + self.index * 1009 + self.round
+        return round_seed(self.scenario.seed, self.index, self.round)
 
     @property
     def own(self) -> nn.Module:
@@ -282,13 +283,7 @@ class CentralNode:
         start_round and wait_for_peers are the decentralized node's; here the coordinator decides both.
         """
         self.restore()
-        finished = asyncio.ensure_future(self.finished.wait())
-        left = asyncio.ensure_future(self.coordinator_left.wait())
-        try:
-            await asyncio.wait([finished, left], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for fut in (finished, left):
-                fut.cancel()
+        await first_of(self.finished, self.coordinator_left)
         if not self.finished.is_set() and not self.final_recorded:
             log.warning("%s: the coordinator left before finishing the run", self.name)
         async with self.lock:  # let a task in progress end before the sockets close

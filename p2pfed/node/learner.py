@@ -28,12 +28,13 @@ from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import evaluate, pick_device, state_of, train_epochs, weighted_average
+from p2pfed.learn.train import evaluate, pick_device, round_seed, state_of, train_epochs, weighted_average
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, JOINING, SUSPECT, Change
 from p2pfed.net.transport import DeliveryError
+from p2pfed.net.waits import first_of
 from p2pfed.node.adversary import flip_labels, noise_like
 from p2pfed.node.local_data import local_data
 from p2pfed.report.records import append_record
@@ -87,8 +88,7 @@ class LearningNode:
     # -- what methods may use (methods/base.py: NodeContext) -------------------------------------
     def live_peers(self) -> list[str]:
         """Learning peers (not the bootstrap) that are alive or suspect."""
-        return sorted(p.name for p in self.endpoint.peers.peers.values()
-                      if p.state in (ALIVE, SUSPECT) and p.role == "node")
+        return self.endpoint.peers.live_names("node")
 
     def true_cluster_of(self, name: str) -> int:
         return self.true_clusters.get(name, -1)
@@ -125,7 +125,7 @@ class LearningNode:
         """A model as it leaves this node (sent or served): a scripted noise-model adversary's is noise."""
         if self.adversary != "noise-model":
             return state
-        return noise_like(state, self.scenario.seed * 100003 + self.index * 1009 + self.round)
+        return noise_like(state, round_seed(self.scenario.seed, self.index, self.round))
 
     async def send_model(self, to: set[str], kind: str, state: dict[str, torch.Tensor],
                          meta: dict[str, Any] | None = None) -> int:
@@ -158,14 +158,7 @@ class LearningNode:
             waiting = (expected - set(got)) & set(self.live_peers()) - moved_on
             if not waiting or time.monotonic() >= deadline:
                 break
-            arrivals, changed = self.arrivals, self.endpoint.changed
-            waiters = [asyncio.ensure_future(arrivals.wait()), asyncio.ensure_future(changed.wait())]
-            try:
-                await asyncio.wait(waiters, timeout=max(0.0, deadline - time.monotonic()),
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
+            await first_of(self.arrivals, self.endpoint.changed, timeout=max(0.0, deadline - time.monotonic()))
         if waiting:
             log.warning("%s: round %d: no %s from %s by the deadline; going on without", self.name, rnd, kind,
                         ", ".join(sorted(waiting)))
@@ -342,7 +335,7 @@ class LearningNode:
             train_loss = await asyncio.to_thread(
                 train_epochs, self.model, self.x_train, self.y_train, epochs=self.cfg.epochs,
                 batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
-                seed=seed * 100003 + self.index * 1009 + rnd, device=self.device)
+                seed=round_seed(seed, self.index, rnd), device=self.device)
             await self.send_model(self.method.subscribers(rnd), "model", self.current_state())
         expected = {p for p in self.method.sources(rnd)
                     if self.method.must_participate(rnd) or participates(seed, p, rnd, fraction)}

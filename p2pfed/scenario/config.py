@@ -6,6 +6,7 @@ machine (``p2pfed run``) or on many (``p2pfed node --scenario FILE --index I``).
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -131,6 +132,10 @@ class Scenario:
     def mesh_name(self, method: str) -> str:
         """The mesh a method's run of this scenario uses (each method its own, so runs never mix)."""
         return f"{self.name}-{method}"[:64]
+
+    def mesh_for(self, method: str) -> MeshConfig:
+        """The scenario's mesh settings, named for a method's run."""
+        return dataclasses.replace(self.mesh, mesh=self.mesh_name(method))
 
     def adversary_of(self, index: int) -> str | None:
         """The kind of adversary node index is, None for an honest node."""

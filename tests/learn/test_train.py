@@ -16,6 +16,7 @@ from p2pfed.learn.train import (
     maml_first_order,
     one_step,
     pick_device,
+    round_seed,
     state_of,
     train_epochs,
     weighted_average,
@@ -238,3 +239,10 @@ def test_a_loss_function_given_replaces_the_cross_entropy_on_each_mini_batch() -
     assert all(yb.shape == (8,) and xb.shape == (8, 5) for _, xb, yb in seen)
     assert loss > plain_loss  # twice the data loss at the start, and reported as such
     assert not torch.allclose(state_of(model)["weight"], state_of(plain)["weight"])  # the doubled gradient
+
+
+def test_the_round_seed_differs_per_node_and_round_and_never_changes() -> None:
+    # Pinned: a rerun of a scenario (and a node restarted mid-run) must draw the same batches and noise.
+    assert round_seed(0, 0, 0) == 0 and round_seed(1, 2, 3) == 100003 + 2 * 1009 + 3
+    seeds = {round_seed(7, i, r) for i in range(50) for r in range(99)}
+    assert len(seeds) == 50 * 99

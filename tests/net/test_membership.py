@@ -40,6 +40,21 @@ def test_silent_peer_goes_suspect_then_dead_then_is_forgotten() -> None:
     assert "a" not in t.peers
 
 
+def test_live_names_are_the_sorted_live_peers_of_one_role() -> None:
+    t, clock = table()
+    for name in ("n2", "n0", "gone"):
+        hear(t, name, address=f"tcp://1.2.3.4:{len(name)}")
+    t.heard_from("bootstrap", "tcp://1.2.3.4:9", "bootstrap", 1, "", 0)
+    clock.t += 4
+    t.sweep()  # all suspect: still live
+    hear(t, "n2", address="tcp://1.2.3.4:2")
+    hear(t, "n0", address="tcp://1.2.3.4:2")
+    clock.t += 3
+    t.sweep()  # "gone" and the bootstrap dead, n0 and n2 alive
+    assert t.live_names("node") == ["n0", "n2"]
+    assert t.live_names("bootstrap") == []
+
+
 def test_a_peer_with_a_slower_heartbeat_is_judged_by_its_own_period() -> None:
     t, clock = table()  # our period is 1 s: suspect after 3 s, dead after 6 s
     t.heard_from("slow", "tcp://h:1", "node", 1, "", 0, period=4.0)

@@ -84,6 +84,8 @@ def test_a_valid_scenario_loads_with_its_settings(tmp_path: Path) -> None:
     s = load_scenario(path, ["train.participation=1", "pfedlia.warmup_rounds=4"])
     assert (s.nodes, s.rounds, s.train.participation, s.pfedlia.warmup_rounds) == (4, 5, 1.0, 4)
     assert s.events[0].action == "crash" and s.path == str(path)
+    assert s.mesh_for("fedavg").mesh == s.mesh_name("fedavg") == f"{s.name}-fedavg"
+    assert s.mesh_for("fedavg").heartbeat == s.mesh.heartbeat and s.mesh.mesh == "default"
     with pytest.raises(ConfigError, match=r"s\.toml: unknown table \[modle\]"):
         path.write_text(BASE + "[modle]\nx = 1\n")
         load_scenario(path)
