@@ -26,14 +26,17 @@ def two_means(scores: np.ndarray) -> tuple[float, float]:
     total = float(np.sum((s - s.mean()) ** 2))
     if n < 2 or total <= 1e-12 * max(1.0, float(np.abs(s).max())):
         return float("-inf"), 0.0
-    prefix = np.cumsum(s)
-    prefix_sq = np.cumsum(s * s)
+    # Prefix sums of the centred scores: sum-of-squares minus squared-sum cancels badly for scores far from
+    # zero and close together (e.g. -9.99 and -10.0 gave an explained share of 1.0000000011).
+    c = s - s.mean()
+    prefix = np.cumsum(c)
+    prefix_sq = np.cumsum(c * c)
     best_sse, best_k = np.inf, 0
     for k in range(1, n):  # left = s[:k], right = s[k:]
         if s[k] == s[k - 1]:
             continue  # never split equal scores
-        left = prefix_sq[k - 1] - prefix[k - 1] ** 2 / k
-        right = (prefix_sq[-1] - prefix_sq[k - 1]) - (prefix[-1] - prefix[k - 1]) ** 2 / (n - k)
+        left = max(0.0, prefix_sq[k - 1] - prefix[k - 1] ** 2 / k)
+        right = max(0.0, (prefix_sq[-1] - prefix_sq[k - 1]) - (prefix[-1] - prefix[k - 1]) ** 2 / (n - k))
         if left + right < best_sse:
             best_sse, best_k = left + right, k
     if best_k == 0:
