@@ -14,28 +14,28 @@ import copy
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
-from torch.nn import functional as F
 
+from p2pfed.learn.tasks import CLASSIFICATION, LearningTask
 from p2pfed.learn.train import state_of, train_epochs
 
 
 def partial_model(model: nn.Module, w0: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, *,
-                  epochs: int, batch_size: int, lr: float, seed: int, device: torch.device
-                  ) -> dict[str, torch.Tensor]:
+                  epochs: int, batch_size: int, lr: float, seed: int, device: torch.device,
+                  task: LearningTask = CLASSIFICATION) -> dict[str, torch.Tensor]:
     """Train a copy of w0 for a few epochs on (x, y), one batch of this node's training data."""
     local = copy.deepcopy(model)
     local.load_state_dict(w0)
-    train_epochs(local, x, y, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, device=device)
+    train_epochs(local, x, y, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, device=device, task=task)
     return state_of(local)
 
 
 @torch.no_grad()
 def validation_loss(model: nn.Module, state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                    device: torch.device) -> float:
-    """Mean cross-entropy of model with state on (x, y)."""
+                    device: torch.device, task: LearningTask = CLASSIFICATION) -> float:
+    """The task's mean loss of model with state on (x, y)."""
     model = model.to(device).eval()
     out = functional_call(model, {k: v.to(device) for k, v in state.items()}, (x.to(device),))
-    return float(F.cross_entropy(out, y.to(device)))
+    return float(task.loss(out, y.to(device)))
 
 
 @torch.no_grad()
@@ -60,7 +60,8 @@ def activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
 @torch.no_grad()
 def score_peers(model: nn.Module, w0: dict[str, torch.Tensor], partials: list[dict[str, torch.Tensor]],
                 x_val: torch.Tensor, y_val: torch.Tensor, device: torch.device, chunk: int | None = None,
-                memory_budget: int = 256 << 20, batched: bool | None = None) -> list[float]:
+                memory_budget: int = 256 << 20, batched: bool | None = None,
+                task: LearningTask = CLASSIFICATION) -> list[float]:
     """Lazy influence of each partial model on (x_val, y_val), batched over models with vmap.
 
     Models are scored chunk at a time; by default the chunk is as large as memory_budget allows for the
@@ -74,16 +75,16 @@ def score_peers(model: nn.Module, w0: dict[str, torch.Tensor], partials: list[di
     if batched is None:
         batched = device.type == "cuda"
     if not batched:
-        return score_peers_one_by_one(model, w0, partials, x_val, y_val, device)
+        return score_peers_one_by_one(model, w0, partials, x_val, y_val, device, task)
     model = model.to(device).eval()
     x, y = x_val.to(device), y_val.to(device)
-    base = validation_loss(model, w0, x, y, device)
+    base = validation_loss(model, w0, x, y, device, task)
     if chunk is None:
         per_model = activation_bytes(model, x) + sum(t.numel() * t.element_size() for t in w0.values())
         chunk = max(1, min(len(partials), 16, memory_budget // max(1, per_model)))
 
     def loss_of(params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return F.cross_entropy(functional_call(model, params, (x,)), y)
+        return task.loss(functional_call(model, params, (x,)), y)
 
     batched_loss = vmap(loss_of)
     losses: list[float] = []
@@ -97,12 +98,12 @@ def score_peers(model: nn.Module, w0: dict[str, torch.Tensor], partials: list[di
 @torch.no_grad()
 def score_peers_one_by_one(model: nn.Module, w0: dict[str, torch.Tensor],
                            partials: list[dict[str, torch.Tensor]], x_val: torch.Tensor, y_val: torch.Tensor,
-                           device: torch.device) -> list[float]:
+                           device: torch.device, task: LearningTask = CLASSIFICATION) -> list[float]:
     """The same scores, one model at a time (the reference the benchmark compares against)."""
-    base = validation_loss(model, w0, x_val, y_val, device)
+    base = validation_loss(model, w0, x_val, y_val, device, task)
     local = copy.deepcopy(model).to(device).eval()
     scores = []
     for p in partials:
         local.load_state_dict(p)
-        scores.append(base - float(F.cross_entropy(local(x_val.to(device)), y_val.to(device))))
+        scores.append(base - float(task.loss(local(x_val.to(device)), y_val.to(device))))
     return scores

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import gzip
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from p2pfed.learn.tasks import CLASSIFICATION, LearningTask
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ class DatasetUnavailable(FileNotFoundError):
 
 @dataclass
 class Dataset:
-    """A train and a test split, with the class count and a display name."""
+    """A train and a test split, with the class count, a display name and the task its labels are for."""
 
     name: str
     x_train: torch.Tensor
@@ -36,6 +38,7 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    task: LearningTask = field(default=CLASSIFICATION)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

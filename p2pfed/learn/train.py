@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from sklearn.metrics import f1_score
 from torch import nn
-from torch.nn import functional as F
+
+from p2pfed.learn.tasks import CLASSIFICATION, LearningTask
 
 
 def round_seed(seed: int, index: int, rnd: int) -> int:
@@ -49,12 +48,13 @@ def _epochs(n: int, epochs: int, batch_size: int, seed: int, device: torch.devic
 def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                  lr: float, seed: int, device: torch.device, momentum: float = 0.0,
                  weight_decay: float = 0.0, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
-                 loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> float:
+                 loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 task: LearningTask = CLASSIFICATION) -> float:
     """SGD over (x, y) for some epochs in shuffled mini-batches; return the last epoch's mean loss.
 
     penalty, if given, is added to every mini-batch's loss (FedProx's proximal term, FeSEM's distance to
     the cluster center); the returned loss is the data loss alone. loss_fn(model, x, y), if given,
-    replaces the cross-entropy (FedProto adds its prototype term there).
+    replaces the task's loss (FedProto adds its prototype term there).
     """
     if len(y) == 0 or epochs <= 0:
         return float("nan")
@@ -66,7 +66,7 @@ def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: 
         total = 0.0
         for idx in batches:
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, x[idx], y[idx]) if loss_fn else F.cross_entropy(model(x[idx]), y[idx])
+            loss = loss_fn(model, x[idx], y[idx]) if loss_fn else task.loss(model(x[idx]), y[idx])
             (loss + penalty(model) if penalty is not None else loss).backward()
             opt.step()
             total += float(loss.detach()) * len(idx)
@@ -76,24 +76,20 @@ def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-             batch_size: int = 1024) -> Evaluation:
-    """Mean cross-entropy, accuracy and macro-F1 (over the labels present) of model on (x, y)."""
+             batch_size: int = 1024, task: LearningTask = CLASSIFICATION) -> Evaluation:
+    """The task's mean loss and metrics (for classification: cross-entropy, accuracy and macro-F1 over the
+    labels present) of model on (x, y)."""
     if len(y) == 0:
         return Evaluation(float("nan"), float("nan"), float("nan"), 0)
     model.to(device).eval()
     losses, preds = [], []
     for start in range(0, len(y), batch_size):
         logits = model(x[start:start + batch_size].to(device))
-        losses.append(F.cross_entropy(logits, y[start:start + batch_size].to(device), reduction="sum"))
-        preds.append(logits.argmax(1).cpu())
-    pred = torch.cat(preds).numpy()
-    truth = y.numpy()
-    return Evaluation(
-        loss=float(torch.stack(losses).sum()) / len(y),
-        accuracy=float(np.mean(pred == truth)),
-        macro_f1=float(f1_score(truth, pred, average="macro", labels=np.unique(truth), zero_division=0)),
-        samples=len(y),
-    )
+        losses.append(task.loss(logits, y[start:start + batch_size].to(device), reduction="sum"))
+        preds.append(task.predict(logits).cpu())
+    accuracy, macro_f1 = task.metrics(torch.cat(preds).numpy(), y.numpy())
+    return Evaluation(loss=float(torch.stack(losses).sum()) / len(y), accuracy=accuracy, macro_f1=macro_f1,
+                      samples=len(y))
 
 
 def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -133,7 +129,8 @@ def distance_penalty(anchor: dict[str, torch.Tensor], coef: float, device: torch
 
 
 def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-                     inner_lr: float, outer_lr: float, seed: int, device: torch.device) -> float:
+                     inner_lr: float, outer_lr: float, seed: int, device: torch.device,
+                     task: LearningTask = CLASSIFICATION) -> float:
     """First-order MAML local update (paper 000, Algorithm 2, Eq. 15–16): for each mini-batch D,
     ŵ = w − η∇l(w; D), then w ← w − ε∇l(ŵ; D). Return the last epoch's mean loss at ŵ."""
     if len(y) == 0 or epochs <= 0:
@@ -146,11 +143,11 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
         total = 0.0
         for idx in batches:
             before = [p.detach().clone() for p in params]
-            grads = torch.autograd.grad(F.cross_entropy(model(x[idx]), y[idx]), params)
+            grads = torch.autograd.grad(task.loss(model(x[idx]), y[idx]), params)
             with torch.no_grad():
                 for p, g in zip(params, grads, strict=True):
                     p.sub_(inner_lr * g)  # ŵ, Eq. 15
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss = task.loss(model(x[idx]), y[idx])
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for p, w, g in zip(params, before, grads, strict=True):
@@ -161,14 +158,14 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
 
 
 def one_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, batch_size: int, seed: int,
-             device: torch.device) -> None:
+             device: torch.device, task: LearningTask = CLASSIFICATION) -> None:
     """One gradient step on one random mini-batch (FedDSMIC's personalisation from a center model)."""
     if len(y) == 0:
         return
     model.to(device).train()
     idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:batch_size]
     params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(F.cross_entropy(model(x[idx].to(device)), y[idx].to(device)), params)
+    grads = torch.autograd.grad(task.loss(model(x[idx].to(device)), y[idx].to(device)), params)
     with torch.no_grad():
         for p, g in zip(params, grads, strict=True):
             p.sub_(lr * g)

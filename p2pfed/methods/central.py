@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from p2pfed.learn.tasks import LearningTask
 from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.wire import WireError, check_tensors
 
@@ -217,6 +218,7 @@ class ClientContext(Protocol):
     name: str
     device: torch.device
     cfg: Any  # the scenario's [train] settings (epochs, batch_size, lr, ...)
+    task: LearningTask  # the loss and metrics of the scenario's data (learn/tasks.py)
 
     @property
     def round_seed(self) -> int:

@@ -61,7 +61,7 @@ class FedDSMICClient(ClientMethod):
         inner = float(task.meta.get("inner_lr", cfg.lr))
         loss = await self.node.run_on_train(lambda x, y: maml_first_order(
             model, x, y, epochs=cfg.epochs, batch_size=cfg.batch_size, inner_lr=inner, outer_lr=cfg.lr,
-            seed=self.node.round_seed, device=self.node.device))
+            seed=self.node.round_seed, device=self.node.device, task=self.node.task))
         return Update(state_of(model), 0, {"choice": 0, "train_loss": loss}), 0
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
@@ -75,7 +75,8 @@ class FedDSMICClient(ClientMethod):
             seed = self.node.round_seed + step
 
             def personalise(x: torch.Tensor, y: torch.Tensor, seed: int = seed) -> None:
-                one_step(model, x, y, lr=lr, batch_size=cfg.batch_size, seed=seed, device=self.node.device)
+                one_step(model, x, y, lr=lr, batch_size=cfg.batch_size, seed=seed, device=self.node.device,
+                         task=self.node.task)
 
             await self.node.run_on_train(personalise)
         return await self.node.test(model), 0

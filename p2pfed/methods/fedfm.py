@@ -92,7 +92,7 @@ class FedFMClient(ClientMethod):
 
         def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             feats, logits = features_and_logits(m, x)
-            loss = F.cross_entropy(logits, y)
+            loss = self.node.task.loss(logits, y)
             if anchors is None or have is None or not lam:
                 return loss
             return loss + lam * matching_loss(feats, y, anchors.to(feats.device), have.to(y.device), kind,

@@ -37,7 +37,7 @@ class FedProtoClient(ClientMethod):
 
         def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             feats, logits = features_and_logits(m, x)
-            loss = F.cross_entropy(logits, y)
+            loss = self.node.task.loss(logits, y)
             if protos is None or have is None or not lam:
                 return loss
             known = have.to(y.device)[y]

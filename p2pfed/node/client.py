@@ -67,6 +67,7 @@ class CentralNode:
         self.endpoint = endpoint
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
+        self.task = dataset.task
         self.data = local_data(scenario, index, dataset, partition)
         self.adversary = scenario.adversary_of(index)  # a scripted adversary of the scenario, None if honest
         if self.adversary == "label-flip":
@@ -96,7 +97,7 @@ class CentralNode:
             out = []
             for state in candidates:
                 self.model.load_state_dict(state)
-                out.append(evaluate(self.model, self.data.x_train, self.data.y_train, self.device).loss)
+                out.append(evaluate(self.model, self.data.x_train, self.data.y_train, self.device, task=self.task).loss)
             return out
 
         values = await asyncio.to_thread(losses)
@@ -124,7 +125,7 @@ class CentralNode:
         return await asyncio.to_thread(
             train_epochs, module, self.data.x_train, self.data.y_train, epochs=epochs or self.cfg.epochs,
             batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
-            seed=self.round_seed, device=self.device, penalty=penalty, loss_fn=loss_fn)
+            seed=self.round_seed, device=self.device, penalty=penalty, loss_fn=loss_fn, task=self.task)
 
     @property
     def round_seed(self) -> int:
@@ -138,7 +139,7 @@ class CentralNode:
 
     async def val_loss(self, module: nn.Module) -> float:
         """Loss of any module on this node's validation split."""
-        return (await asyncio.to_thread(evaluate, module, self.data.x_val, self.data.y_val, self.device)).loss
+        return (await self._evaluate_on(module, self.data.x_val, self.data.y_val)).loss
 
     async def run_on_train(self, fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
         """fn(x_train, y_train) in a worker thread (e.g. FedProto's class prototypes)."""
@@ -146,17 +147,20 @@ class CentralNode:
 
     async def train_loss(self, module: nn.Module) -> float:
         """Loss of any module on this node's training data."""
-        return (await asyncio.to_thread(evaluate, module, self.data.x_train, self.data.y_train, self.device)).loss
+        return (await self._evaluate_on(module, self.data.x_train, self.data.y_train)).loss
 
     async def test(self, module: nn.Module) -> Evaluation:
         """Test metrics of any module on this node's test shard."""
-        return await asyncio.to_thread(evaluate, module, self.data.x_test, self.data.y_test, self.device)
+        return await self._evaluate_on(module, self.data.x_test, self.data.y_test)
 
     async def evaluate_state(self, state: dict[str, torch.Tensor] | None) -> Evaluation:
         """Test metrics of state (None: the node's own model), which becomes the node's model."""
         if state is not None:
             self.model.load_state_dict(state)
-        return await asyncio.to_thread(evaluate, self.model, self.data.x_test, self.data.y_test, self.device)
+        return await self._evaluate_on(self.model, self.data.x_test, self.data.y_test)
+
+    async def _evaluate_on(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Evaluation:
+        return await asyncio.to_thread(evaluate, module, x, y, self.device, task=self.task)
 
     # -- tasks -----------------------------------------------------------------------------------
     async def _check_sender(self, msg: Message) -> None:
@@ -233,7 +237,7 @@ class CentralNode:
             if len(names) != len(task.models) - 1:
                 raise WireError("a score task must name one node per partial model")
             values = await asyncio.to_thread(score_peers, self.model, task.models[0], task.models[1:],
-                                             self.data.x_val, self.data.y_val, self.device)
+                                             self.data.x_val, self.data.y_val, self.device, task=self.task)
             self.record("scores", peers=names, values=values)
             return self.endpoint.message("scores", {"peers": names, "values": values, "meta": {}})
 
@@ -252,7 +256,7 @@ class CentralNode:
         n = min(pf.lia_batch, self.data.samples)
         return await asyncio.to_thread(partial_model, self.model, w0, self.data.x_train[:n], self.data.y_train[:n],
                                        epochs=pf.lia_epochs, batch_size=self.cfg.batch_size, lr=pf.lia_lr,
-                                       seed=self.scenario.seed + self.index, device=self.device)
+                                       seed=self.scenario.seed + self.index, device=self.device, task=self.task)
 
     async def _evaluate(self, client: ClientMethod, task: Task, final: bool) -> Message:
         ev, choice = await client.evaluate(task)

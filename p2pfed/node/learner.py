@@ -61,6 +61,7 @@ class LearningNode:
         self.round = 0
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
+        self.task = dataset.task
         data = local_data(scenario, index, dataset, partition)
         self.x_train, self.y_train, self.x_val, self.y_val = data.x_train, data.y_train, data.x_val, data.y_val
         self.x_test, self.y_test, self.samples = data.x_test, data.y_test, data.samples
@@ -109,7 +110,8 @@ class LearningNode:
         else:
             partial = await asyncio.to_thread(partial_model, self.model, w0, x, y, epochs=pf.lia_epochs,
                                               batch_size=self.cfg.batch_size, lr=pf.lia_lr,
-                                              seed=self.scenario.seed + self.index, device=self.device)
+                                              seed=self.scenario.seed + self.index, device=self.device,
+                                              task=self.task)
         self.kept["w0"], self.kept["partial"] = w0, partial
         save_atomic(self.kept, self.checkpoint_path.with_suffix(".kept"))
         return partial
@@ -118,7 +120,7 @@ class LearningNode:
         names = sorted(partials)
         w0 = self.kept.get("w0") or self.current_state()
         values = await asyncio.to_thread(score_peers, self.model, w0, [partials[n] for n in names],
-                                         self.x_val, self.y_val, self.device)
+                                         self.x_val, self.y_val, self.device, task=self.task)
         return dict(zip(names, values, strict=True))
 
     def _outgoing(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -335,7 +337,7 @@ class LearningNode:
             train_loss = await asyncio.to_thread(
                 train_epochs, self.model, self.x_train, self.y_train, epochs=self.cfg.epochs,
                 batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
-                seed=round_seed(seed, self.index, rnd), device=self.device)
+                seed=round_seed(seed, self.index, rnd), device=self.device, task=self.task)
             await self.send_model(self.method.subscribers(rnd), "model", self.current_state())
         expected = {p for p in self.method.sources(rnd)
                     if self.method.must_participate(rnd) or participates(seed, p, rnd, fraction)}
@@ -353,7 +355,7 @@ class LearningNode:
             self.model.load_state_dict(weighted_average(states, weights))
         metrics: dict[str, Any] = {}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd == self.scenario.rounds - 1:
-            ev = await asyncio.to_thread(evaluate, self.model, self.x_test, self.y_test, self.device)
+            ev = await asyncio.to_thread(evaluate, self.model, self.x_test, self.y_test, self.device, task=self.task)
             metrics = {"accuracy": ev.accuracy, "loss": ev.loss, "macro_f1": ev.macro_f1}
         self.record("round", participated=took_part, train_loss=train_loss, sources=len(expected),
                     received=len(arrived), bytes_sent=self.endpoint.transport.bytes_sent, **metrics)
@@ -362,7 +364,7 @@ class LearningNode:
 
     def final_metrics(self) -> dict[str, Any]:
         """Test metrics of the personalised model and the traffic of this node."""
-        ev = evaluate(self.model, self.x_test, self.y_test, self.device)
+        ev = evaluate(self.model, self.x_test, self.y_test, self.device, task=self.task)
         return {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "loss": ev.loss, "test_samples": ev.samples,
                 "bytes_sent": self.endpoint.transport.bytes_sent, "true_cluster": self.true_cluster_of(self.name),
                 **{k: v for k, v in self.method.state().items() if k == "chosen"}}
