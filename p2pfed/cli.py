@@ -144,12 +144,51 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a scripted scenario on this machine."""
-    from p2pfed.launch.runner import run_scenario_file
+    """Run a scripted scenario on this machine: a progress bar per method, then the table."""
+    from p2pfed.launch.runner import log_to_run_folder, prepare_run, run_interrupted
+    from p2pfed.report.results import report_run
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
-    return run_scenario_file(Path(args.scenario), Path(args.out) if args.out else None, quiet=args.quiet,
-                             methods=methods, overrides=args.overrides)
+    scenario, out = prepare_run(Path(args.scenario), Path(args.out) if args.out else None, methods,
+                                args.overrides)
+    log_to_run_folder(out)
+    with ProgressBars(enabled=not args.quiet) as bars:
+        interrupted = run_interrupted(scenario, out, bars.update)
+    if interrupted:
+        print(f"interrupted; partial run folder: {out}", file=sys.stderr)
+        return 130
+    print(report_run(out))
+    print(f"\nrun folder: {out}")
+    return 0
+
+
+class ProgressBars:
+    """One tqdm bar per method on standard error, the previous one closed when the next method starts."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.bars: dict[str, Any] = {}
+
+    def update(self, method: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        bar = self.bars.get(method)
+        if bar is None:
+            for other in self.bars.values():
+                other.close()
+            bar = self.bars[method] = tqdm(total=total, desc=f"{method:<12}", unit="round", file=sys.stderr)
+        if done != bar.n:
+            bar.n = done
+            bar.refresh()
+
+    def __enter__(self) -> ProgressBars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for bar in self.bars.values():
+            bar.close()
 
 
 def cmd_report(args: argparse.Namespace) -> int:

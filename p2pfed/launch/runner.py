@@ -208,9 +208,82 @@ class ProcessMesh(InProcessMesh):
             await self.boot.stop()
 
 
+class Script:
+    """The scenario's scripted events (joins, leaves, crashes and their restarts, slow links), applied to a
+    mesh as the round front passes them."""
+
+    def __init__(self, scenario: Scenario, mesh: InProcessMesh) -> None:
+        self.scenario, self.mesh = scenario, mesh
+        self.pending = sorted(scenario.events, key=lambda e: e.round)
+        self.restarts: list[tuple[int, int]] = []  # (round, node)
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and not self.restarts
+
+    async def advance(self, front: int) -> None:
+        """Apply every event due at or before round front."""
+        mesh, method = self.mesh, self.mesh.method
+        while self.pending and self.pending[0].round <= front:
+            ev = self.pending.pop(0)
+            name = self.scenario.node_name(ev.node)
+            mesh.run.events.append(f"round {ev.round}: {ev.action} {name} (mesh at round {front})")
+            log.info("%s: event at round %d: %s %s", method, front, ev.action, name)
+            if ev.action == "join":
+                await mesh.start_node(ev.node, start_round=ev.round)
+            elif ev.action in ("leave", "crash"):
+                await mesh.stop_node(ev.node, crash=ev.action == "crash")
+                if ev.action == "crash" and ev.restart_after:
+                    self.restarts.append((ev.round + ev.restart_after, ev.node))
+            elif ev.action == "slow":
+                mesh.set_delay(ev.node, ev.delay)
+        for item in [r for r in self.restarts if r[0] <= front]:
+            self.restarts.remove(item)
+            name = self.scenario.node_name(item[1])
+            mesh.run.events.append(f"round {item[0]}: restart {name} (mesh at round {front})")
+            await mesh.start_node(item[1], start_round=item[0])
+
+
+async def _start_coordinator(mesh: InProcessMesh, wait_for: int) -> tuple[Coordinator, asyncio.Task[None]]:
+    """A coordinated method's coordinator, joined to the mesh and running."""
+    assert mesh.boot is not None
+    endpoint = member(mesh.scenario, mesh.method, "coordinator", "coordinator")
+    await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.address])
+    await endpoint.wait_joined(30)
+    coordinator = Coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
+    task = asyncio.get_running_loop().create_task(coordinator.run(wait_for=wait_for), name="coordinator")
+    return coordinator, task
+
+
+async def _start_nodes(mesh: InProcessMesh, initial: list[int]) -> None:
+    """The nodes present from the first round: in this process, one process each, or in worker groups."""
+    if isinstance(mesh, ProcessMesh) and not mesh.scenario.processes:
+        for group in np.array_split(np.array(initial), mesh.scenario.workers):
+            await mesh.start_group([int(i) for i in group], wait_for=len(initial) - 1)
+    else:
+        for i in initial:
+            await mesh.start_node(i, wait_for=len(initial) - 1)
+
+
+async def _coordinated_progress(mesh: InProcessMesh, coordinator: Coordinator, task: asyncio.Task[None]
+                                ) -> int | None:
+    """Rounds done by a coordinated run (the coordinator's round; all of them once it ended), None if the
+    coordinator crashed. A coordinator that ended leaves the mesh, so a node that missed its finish ends too."""
+    if not task.done():
+        return coordinator.round
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        mesh.run.crashed["coordinator"] = repr(exc)
+        log.error("%s: the coordinator crashed", mesh.method, exc_info=exc)
+        return None
+    if not coordinator.endpoint.stopped:
+        await coordinator.endpoint.stop()
+    return mesh.scenario.rounds
+
+
 async def run_method(scenario: Scenario, method: str, dataset: Dataset, partition: Partition, out: Path,
                      progress: Progress | None = None) -> MethodRun:
-    """Run one method on the scenario's mesh; return what happened."""
+    """Run one method on the scenario's mesh, its scripted events included; return what happened."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("*.jsonl"), *out.glob("*.ckpt"), *out.glob("*.kept")]:
         stale.unlink()
@@ -219,64 +292,28 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
     t0 = time.monotonic()
     late = {ev.node for ev in scenario.events if ev.action == "join"}
     initial = [i for i in range(scenario.nodes) if i not in late]
-    pending = sorted(scenario.events, key=lambda e: e.round)
-    restarts: list[tuple[int, int]] = []  # (round, node)
+    script = Script(scenario, mesh)
     coordinator: Coordinator | None = None
     coordinator_task: asyncio.Task[None] | None = None
     try:
         await mesh.start()
         if is_central(method):
-            assert mesh.boot is not None
-            endpoint = member(scenario, method, "coordinator", "coordinator")
-            await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.address])
-            await endpoint.wait_joined(30)
-            coordinator = Coordinator(scenario, method, endpoint, dataset, partition, out)
-            coordinator_task = asyncio.get_running_loop().create_task(
-                coordinator.run(wait_for=len(initial)), name="coordinator")
-        if isinstance(mesh, ProcessMesh) and not scenario.processes:
-            for group in np.array_split(np.array(initial), scenario.workers):
-                await mesh.start_group([int(i) for i in group], wait_for=len(initial) - 1)
-        else:
-            for i in initial:
-                await mesh.start_node(i, wait_for=len(initial) - 1)
+            coordinator, coordinator_task = await _start_coordinator(mesh, wait_for=len(initial))
+        await _start_nodes(mesh, initial)
         while True:
             await asyncio.sleep(0.2)
             rounds = mesh.rounds()
-            front = max(rounds.values(), default=0)
-            done = min(rounds.values(), default=0)
+            front, done = max(rounds.values(), default=0), min(rounds.values(), default=0)
             if coordinator is not None and coordinator_task is not None:
-                front = done = coordinator.round
-                if coordinator_task.done():
-                    if not coordinator_task.cancelled() and coordinator_task.exception() is not None:
-                        exc = coordinator_task.exception()
-                        mesh.run.crashed["coordinator"] = repr(exc)
-                        log.error("%s: the coordinator crashed", method, exc_info=exc)
-                        break
-                    done = scenario.rounds
-                    if not coordinator.endpoint.stopped:
-                        # The run is over: the coordinator leaves, so a node that missed its finish ends too.
-                        await coordinator.endpoint.stop()
+                front = coordinator.round
+                coordinated = await _coordinated_progress(mesh, coordinator, coordinator_task)
+                if coordinated is None:
+                    break
+                done = coordinated
             if progress:
                 progress(method, done, scenario.rounds)
-            while pending and pending[0].round <= front:
-                ev = pending.pop(0)
-                name = scenario.node_name(ev.node)
-                mesh.run.events.append(f"round {ev.round}: {ev.action} {name} (mesh at round {front})")
-                log.info("%s: event at round %d: %s %s", method, front, ev.action, name)
-                if ev.action == "join":
-                    await mesh.start_node(ev.node, start_round=ev.round)
-                elif ev.action in ("leave", "crash"):
-                    await mesh.stop_node(ev.node, crash=ev.action == "crash")
-                    if ev.action == "crash" and ev.restart_after:
-                        restarts.append((ev.round + ev.restart_after, ev.node))
-                elif ev.action == "slow":
-                    mesh.set_delay(ev.node, ev.delay)
-            for item in [r for r in restarts if r[0] <= front]:
-                restarts.remove(item)
-                name = scenario.node_name(item[1])
-                mesh.run.events.append(f"round {item[0]}: restart {name} (mesh at round {front})")
-                await mesh.start_node(item[1], start_round=item[0])
-            if not mesh.running() and not pending and not restarts:
+            await script.advance(front)
+            if not mesh.running() and script.done:
                 break
     finally:
         if coordinator_task is not None and not coordinator_task.done():
@@ -347,14 +384,12 @@ def _settings(scenario: Scenario) -> dict[str, Any]:
     return {k: v for k, v in asdict(scenario).items() if k not in ("methods", "path")}
 
 
-def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods: list[str] | None = None,
-                      overrides: list[str] | None = None) -> int:
-    """CLI entry: run a scenario file (or only some of its methods, or with TABLE.KEY=VALUE overrides) with
-    a progress bar; print the table."""
-    from tqdm import tqdm
-
+def prepare_run(path: Path, out: Path | None, methods: list[str] | None = None,
+                overrides: list[str] | None = None) -> tuple[Scenario, Path]:
+    """Load a scenario file (only some of its methods, or with TABLE.KEY=VALUE overrides) and make its run
+    folder (by default runs/NAME-TIME); return both. A folder that holds a run of another scenario is refused:
+    its report would mix the two."""
     from p2pfed.config import ConfigError, read_toml
-    from p2pfed.report.results import report_run
 
     scenario = load_scenario(path, overrides or ())
     if methods:
@@ -376,7 +411,11 @@ def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods
         write_scenario(apply_overrides(read_toml(path), overrides), effective,
                        f"{path} with --set {' --set '.join(overrides)} (written by p2pfed run)")
         scenario.path = str(effective)
-    # Every log line of every node goes to the run folder's run.log (the terminal shows only warnings).
+    return scenario, out
+
+
+def log_to_run_folder(out: Path) -> None:
+    """Every log line of every node goes to the run folder's run.log; the terminal shows only warnings."""
     handler = logging.FileHandler(out / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)
@@ -385,35 +424,16 @@ def run_scenario_file(path: Path, out: Path | None, quiet: bool = False, methods
     for h in logging.getLogger().handlers:
         if h is not handler and isinstance(h, logging.StreamHandler) and h.level == logging.NOTSET:
             h.setLevel(logging.WARNING)
-    bars: dict[str, Any] = {}
 
-    def progress(method: str, done: int, total: int) -> None:
-        if quiet:
-            return
-        bar = bars.get(method)
-        if bar is None:
-            for other in bars.values():
-                other.close()
-            bar = bars[method] = tqdm(total=total, desc=f"{method:<12}", unit="round", file=sys.stderr)
-        if done != bar.n:
-            bar.n = done
-            bar.refresh()
 
-    interrupted = False
+def run_interrupted(scenario: Scenario, out: Path, progress: Progress | None = None) -> bool:
+    """run_scenario, but Ctrl-C ends it with the report of what ran written; return whether it was cut short."""
+    from p2pfed.report.results import write_report
+
     try:
         run_scenario(scenario, out, progress)
     except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        for bar in bars.values():
-            bar.close()
-    if interrupted:
-        from p2pfed.report.results import write_report
-
         with contextlib.suppress(Exception):
             write_report(out)
-        print(f"interrupted; partial run folder: {out}", file=sys.stderr)
-        return 130
-    print(report_run(out))
-    print(f"\nrun folder: {out}")
-    return 0
+        return True
+    return False

@@ -64,7 +64,7 @@ def test_set_overrides_change_settings_and_name_what_is_wrong(tmp_path: Path) ->
 
 def test_a_run_folder_takes_more_methods_only_of_the_same_scenario(tmp_path: Path) -> None:
     from p2pfed.config import ConfigError
-    from p2pfed.launch.runner import run_scenario_file
+    from p2pfed.launch.runner import prepare_run
 
     path = tmp_path / "s.toml"
     path.write_text("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['fedavg', 'local']\n[data]\nclusters = 2\n")
@@ -72,4 +72,4 @@ def test_a_run_folder_takes_more_methods_only_of_the_same_scenario(tmp_path: Pat
     out.mkdir()
     (out / "scenario.toml").write_text(path.read_text())  # as a finished run leaves it
     with pytest.raises(ConfigError, match="holds a run of another scenario"):
-        run_scenario_file(path, out, quiet=True, methods=["local"], overrides=["scenario.seed=5"])
+        prepare_run(path, out, methods=["local"], overrides=["scenario.seed=5"])
