@@ -280,9 +280,8 @@ class Transport:
                 mismatch = value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
                 self.handshakes[address] = (_MISMATCH if mismatch else
                                             f"the handshake failed (ZMTP protocol error {value:#x})", mismatch)
-            else:
-                self.handshakes[address] = (_HANDSHAKE.get(kind, "the handshake failed"),
-                                            kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            else:  # the two other events watched
+                self.handshakes[address] = (_HANDSHAKE[kind], kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
     def send_nowait(self, address: str, msg: Message, server_key: bytes | None = None) -> bool:
         """Send a small message that needs no reply (heartbeat, gossip); return False if it could not go now."""

@@ -18,6 +18,7 @@ import zmq.asyncio
 from p2pfed.net import security
 from p2pfed.net.transport import _MISMATCH, DeliveryError, Refusal, Transport, TransportOptions
 from p2pfed.wire import DEFAULT_LIMITS, Message, TryLater, WireError, check_tensors, decode, encode
+from p2pfed.wire.messages import clip, cut
 from tests.conftest import Inbox
 from tests.helpers import free_port, wait_until
 
@@ -55,7 +56,11 @@ async def test_request_is_acknowledged_and_tensors_arrive_intact(transports: Mak
     assert torch.equal(got[0].tensors["w"], w) and got[0].sender == "a"
     sent = sum(memoryview(f).nbytes for f in encode(got[0]))
     assert sender.bytes_sent == receiver.bytes_received == sent > w.numel() * 4
-    assert sender.bytes_received == receiver.bytes_sent == sum(len(f) for f in encode(reply))
+    acked = sum(len(f) for f in encode(reply))
+    assert sender.bytes_received == receiver.bytes_sent == acked
+    again = await sender.request(receiver.address, got[0], timeout=5)  # the counters add up
+    assert sender.bytes_sent == receiver.bytes_received == 2 * sent
+    assert sender.bytes_received == receiver.bytes_sent == acked + sum(len(f) for f in encode(again))
 
 
 async def test_request_to_a_dead_address_times_out_loudly(transports: Make) -> None:
@@ -122,18 +127,32 @@ async def test_a_handler_that_fails_answers_with_a_negative_ack_and_the_receiver
     refused = r"refused model: RuntimeError\('disk full'\)"
     with caplog.at_level(logging.ERROR), pytest.raises(DeliveryError, match=refused):
         await asyncio.wait_for(sender.request(receiver.address, model(), timeout=30), 5)  # at once, not at 30 s
-    assert any("handling model from a failed" in r.getMessage() for r in caplog.records)
+    failed = [r for r in caplog.records if r.getMessage() == "b: handling model from a failed"]
+    assert len(failed) == 1 and failed[0].exc_info is not None  # with the traceback
     assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"] and len(calls) == 2
 
 
-async def test_a_reply_that_fails_validation_fails_its_request_at_once(transports: Make) -> None:
+async def test_a_reply_that_fails_validation_fails_its_request_at_once(transports: Make,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
     async def poisoned(msg: Message) -> Message | None:
-        return model("b", w=torch.full((2,), float("nan")))  # a diverged model as the reply
+        if msg.body["meta"].get("poison"):
+            return model("b", w=torch.full((2,), float("nan")))  # a diverged model as the reply
+        return None
 
     sender, receiver, _ = pair(transports, poisoned)
-    with pytest.raises(DeliveryError, match=r"refused: .*NaN"):  # not after the request's 60 s
-        await asyncio.wait_for(sender.request(receiver.address, model(), timeout=60), 10)
-    assert sender.dropped == 1 and not sender.pending
+    bad = model()
+    bad.body["meta"] = {"poison": 1}
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryError, match=r"refused: .*NaN"):
+        await asyncio.wait_for(sender.request(receiver.address, bad, timeout=60), 10)  # not after 60 s
+    assert sender.dropped == 1 and not sender.pending and sender.bytes_received == 0
+    assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"]  # the connection goes on
+    worse = model()
+    worse.body["meta"] = {"poison": 1}
+    with pytest.raises(DeliveryError, match=r"refused: .*NaN"):
+        await asyncio.wait_for(sender.request(receiver.address, worse, timeout=60), 10)
+    assert sender.dropped == 2
+    drops = [r.getMessage() for r in caplog.records if "dropped reply" in r.getMessage()]
+    assert drops[0] == f"a: dropped reply from b ({receiver.address}): tensor 'w' holds NaN or Inf"
 
 
 async def test_garbage_is_dropped_with_one_log_line_and_the_node_keeps_running(
@@ -474,3 +493,137 @@ def test_the_open_files_limit_is_raised_to_what_the_dealer_cap_needs(
     monkeypatch.setattr(transport.resource, "setrlimit", lambda which, value: calls.append(value))
     transport._allow_open_files(needed)
     assert calls == ([set_to] if set_to else [])
+
+
+async def test_refusals_are_logged_within_a_budget_per_sender(transports: Make, caplog: pytest.LogCaptureFixture
+                                                              ) -> None:
+    async def refuse(msg: Message) -> Message | None:
+        raise WireError("no thanks")
+
+    receiver = transports("b", refuse)
+    senders = [transports(name) for name in ("eve", "mallory")]
+    with caplog.at_level(logging.WARNING):
+        for sender in senders:
+            for _ in range(7):
+                with pytest.raises(Refusal):
+                    await sender.request(receiver.address, model(sender.name), timeout=5)
+    lines = [r.getMessage() for r in caplog.records if "refused model" in r.getMessage()]
+    assert lines.count("b: refused model from eve: no thanks") == 5  # five a sender, each its own five
+    assert lines.count("b: refused model from mallory: no thanks") == 5
+    assert receiver.dropped == 14
+
+
+async def test_undecodable_messages_are_logged_within_a_budget_per_sender_and_address(
+        transports: Make, caplog: pytest.LogCaptureFixture) -> None:
+    receiver = transports("b")
+    socks = []
+    for name in ("eve", "mallory"):
+        ctx = zmq.asyncio.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(receiver.address)
+        socks.append(sock)
+        frames = encode(model(name, w=torch.full((2,), float("nan"))))
+        with caplog.at_level(logging.WARNING):
+            for _ in range(7):
+                await sock.send_multipart(frames)
+            await wait_until(lambda: receiver.dropped >= 7 * len(socks), what="the messages refused")
+    try:
+        lines = [r.getMessage() for r in caplog.records if "dropped model" in r.getMessage()]
+        for name in ("eve", "mallory"):
+            assert sum(line.startswith(f"b: dropped model from {name} at 127.0.0.1: ") for line in lines) == 5
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+
+
+async def test_a_flood_from_one_connection_does_not_drop_anothers_messages(
+        transports: Make, rogue: zmq.asyncio.Socket, caplog: pytest.LogCaptureFixture) -> None:
+    got = Inbox()
+    receiver = transports("b", got, options=TransportOptions(rate=10.0))
+    rogue.connect(receiver.address)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(100):
+            await rogue.send_multipart(encode(heartbeat("mallory")))
+        await wait_until(lambda: len(got) + receiver.dropped == 100, what="the flood read")
+        sender = transports("a")
+        for _ in range(5):  # within the rate: every one taken
+            assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"]
+    assert sum(m.sender == "a" for m in got) == 5
+    assert [r.getMessage() for r in caplog.records if "more than" in r.getMessage()][-1].startswith(
+        "b: dropping messages from a connection at 127.0.0.1")
+
+
+async def test_finished_handlers_are_let_go_and_close_cancels_the_running_ones(transports: Make) -> None:
+    cancelled = asyncio.Event()
+
+    async def slow(msg: Message) -> Message | None:
+        if msg.body["meta"].get("hang"):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return None
+
+    sender, receiver, _ = pair(transports, slow)
+    for _ in range(3):
+        await sender.request(receiver.address, model(), timeout=5)
+    await wait_until(lambda: not receiver.handling, what="the finished handlers let go")
+    hang = model()
+    hang.body["meta"] = {"hang": 1}
+    pending = asyncio.ensure_future(sender.request(receiver.address, hang, timeout=30))
+    await wait_until(lambda: receiver.handling, what="the hanging handler to start")
+    await receiver.close()
+    assert cancelled.is_set()
+    pending.cancel()
+
+
+async def test_a_failing_handlers_reason_is_clipped(transports: Make) -> None:
+    error = RuntimeError("x" * 1000)
+
+    async def verbose(msg: Message) -> Message | None:
+        raise error
+
+    sender, receiver, _ = pair(transports, verbose)
+    with pytest.raises(Refusal) as refused:
+        await sender.request(receiver.address, model(), timeout=5)
+    assert refused.value.reason == cut(clip(error, 300))  # clipped where it fails, cut again where it is read
+
+
+async def test_a_keyed_member_sends_with_the_peers_key_and_its_handler_sees_the_senders_key(
+        transports: Make, tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        security.generate_keys(tmp_path / name, name)
+    for member, other in (("a", "b"), ("b", "a")):
+        (tmp_path / member / "allowed" / f"{other}.key").write_bytes((tmp_path / other / f"{other}.key").read_bytes())
+    got = Inbox()
+    receiver = transports("b", got, keys=security.load_keys(tmp_path / "b"))
+    sender = transports("a", keys=security.load_keys(tmp_path / "a"))
+    assert receiver.keys is not None and sender.keys is not None
+    await wait_until(lambda: sender.send_nowait(receiver.address, heartbeat(), receiver.keys.public),
+                     what="a keyed connection")
+    await wait_until(lambda: got, what="the heartbeat")
+    assert got[0].key == sender.keys.public.decode()
+    assert sender.send_nowait(receiver.address, heartbeat(), receiver.keys.public)
+    await wait_until(lambda: len(got) == 2, what="the second heartbeat")
+    assert sender.bytes_sent == 2 * sum(memoryview(f).nbytes for f in encode(heartbeat()))
+
+
+async def test_a_new_watch_forgets_what_an_earlier_connection_to_the_address_said(transports: Make) -> None:
+    async def silent(msg: Message) -> Message | None:
+        await asyncio.Event().wait()
+        return None
+
+    sender = transports("a", options=TransportOptions(reconnect_ivl_ms=20, reconnect_ivl_max_ms=20))
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    sender.watch(address)
+    await wait_until(lambda: address in sender.handshakes, what="the refused connection noted")
+    sender.forget(address)
+    receiver = transports("b", silent, bind=False)
+    receiver.bind(address)
+    sender.watch(address)
+    with pytest.raises(DeliveryError) as unanswered:
+        await sender.request(address, model(), timeout=0.5)
+    assert str(unanswered.value).endswith("not acknowledged within 0.5s")  # no stale reason
