@@ -18,7 +18,8 @@ fi
 python3 -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 -e '.[test]'
 echo "== ruff"; python3 -m ruff check p2pfed tests benchmarks
 echo "== mypy"; python3 -m mypy p2pfed
-echo "== layers"; lint-imports --no-cache  # the contract in pyproject.toml: imports run one way, down the layers
+echo "== layers"  # the contract in pyproject.toml: imports run one way, down the layers
+python3 -c "from importlinter.cli import lint_imports_command; lint_imports_command(['--no-cache'])"
 rm -f .coverage .coverage.*
 echo "== default tests"; python3 -m pytest -q --cov --cov-report=
 echo "== multihost, broker and slow tests"; python3 -m pytest -q -m "multihost or broker or slow" --cov --cov-append \
