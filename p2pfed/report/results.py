@@ -38,7 +38,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     for r in records:
         if r["event"] == "round" and "accuracy" in r:
             last_round[r["node"]] = r  # nodes that never finished still count with their last evaluation
-    per_node = {n: finals.get(n, last_round.get(n)) for n in set(finals) | set(last_round)}
+    # By name: a set's order changes with the process's hash seed, and with it the last bit of the mean F1.
+    per_node = {n: finals.get(n, last_round.get(n)) for n in sorted(set(finals) | set(last_round))}
     adversaries: dict[str, str] = partition.get("adversaries", {})
     honest = {n: v for n, v in per_node.items() if n not in adversaries}  # an adversary's accuracy is not counted
     accs = sorted(v["accuracy"] for v in honest.values() if v and not math.isnan(v["accuracy"]))
