@@ -17,6 +17,7 @@ import torch
 
 from p2pfed.launch.runner import prepare_data
 from p2pfed.learn.checkpoint import save_atomic
+from p2pfed.learn.tasks import Classification
 from p2pfed.learn.train import evaluate, weighted_average
 from p2pfed.methods.base import Method
 from p2pfed.methods.central import participates
@@ -518,3 +519,41 @@ async def test_a_choice_announced_rounds_later_is_taken_and_one_from_far_ahead_i
     with pytest.raises(WireError, match=r"beyond this node.s rounds 11\.\.19"):
         await n._on_scores(scores(20, ["n02"]))
     assert n.method.choosers == {"n00"}
+
+
+async def test_a_node_waiting_to_start_is_at_its_start_round_and_takes_that_rounds_models(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    heard(n, "n00")
+    ran = scripted_rounds(n)
+    waiting = asyncio.ensure_future(n.run(start_round=0, wait_for_peers=2, start_timeout=5))
+    await asyncio.sleep(0.05)
+    assert n.round == n.endpoint.round == 0  # its heartbeats say round 0 while it waits for n02
+    await deliver(n, "n00", 0, shifted(n, 0.5), 10)  # a peer that started already sends its round-0 model
+    assert "n00" in n.inbox[("model", 0)]
+    heard(n, "n02")
+    await asyncio.wait_for(waiting, 5)
+    assert ran[0][0] == 0
+
+
+class SpyTask(Classification):
+    """Classification that counts its calls: the node must train and evaluate with its dataset's task."""
+
+    def __init__(self) -> None:
+        self.losses = self.predictions = 0
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        self.losses += 1
+        return super().loss(output, target, reduction)
+
+    def predict(self, output: torch.Tensor) -> torch.Tensor:
+        self.predictions += 1
+        return super().predict(output)
+
+
+async def test_a_node_trains_and_evaluates_with_its_datasets_task(tmp_path: Path,
+                                                                  members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    spy = n.task = SpyTask()
+    assert await n.run_round(0) == 0  # alone: trains, averages its own model, evaluates
+    assert spy.losses > 1 and spy.predictions >= 1
