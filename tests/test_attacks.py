@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from p2pfed.launch.runner import prepare_data
 from p2pfed.net.endpoint import Endpoint, MeshOptions
-from p2pfed.net.membership import ALIVE
+from p2pfed.net.membership import ALIVE, SUSPECT
 from p2pfed.net.transport import DeliveryError, Transport, TransportOptions
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
@@ -133,11 +133,16 @@ async def test_a_flood_of_made_up_members_is_capped(members: Members, transports
     finally:
         ctx.destroy(linger=0)
     deadline = time.monotonic() + 1.0
+    heard = friend.peers.peers["target"].last_seen
     while time.monotonic() < deadline:
         assert len(target.peers.peers) <= 40 and len(target.transport.dealers) <= 32, (
             len(target.peers.peers), len(target.transport.dealers))
-        assert states(friend)["target"] == ALIVE, "the target's heartbeats stopped"
+        # Its heartbeats go on: never declared dead (6 silent periods). A suspect blip (3 periods) is the
+        # shared event loop of this one-process test being busy on a loaded machine, not a stopped heartbeat.
+        assert states(friend)["target"] in (ALIVE, SUSPECT), "the target's heartbeats stopped"
+        assert not any(t.done() for t in target.tasks), "a task of the target ended"
         await asyncio.sleep(0.02)
+    assert friend.peers.peers["target"].last_seen > heard, "no heartbeat of the target in a second"
     # the made-up members fall silent and die; a real newcomer then finds room
     newcomer = members("newcomer", options=FAST)
     await newcomer.start("tcp://127.0.0.1:0", [target.address])
