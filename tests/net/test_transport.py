@@ -95,8 +95,9 @@ async def test_closing_a_transport_fails_the_requests_it_still_waits_for(transpo
     pending = asyncio.create_task(sender.request(receiver.address, model(), timeout=30))
     await asyncio.wait_for(entered.wait(), 5)
     await sender.close()
-    with pytest.raises(DeliveryError, match="transport closed"):
+    with pytest.raises(DeliveryError) as closed:
         await asyncio.wait_for(pending, 2)
+    assert str(closed.value) == "transport closed"
 
 
 async def test_refused_content_is_reported_to_the_sender(transports: Make) -> None:
@@ -191,8 +192,8 @@ async def test_message_size_is_capped_at_the_receiving_socket(transports: Make,
     # libzmq refused the frame at the socket: not a byte of it reached the codec (which would count a drop)
     assert len(got) == 1 and receiver.bytes_received == counted and receiver.dropped == 0
     # ... and said nothing: the monitor names the connection it closed
-    assert any(re.search(r"b: connection from 127\.0\.0\.1:\d+ closed .*over the 0\.0954 MB cap", r.getMessage())
-               for r in caplog.records)
+    assert any(re.fullmatch(r"b: connection from 127\.0\.0\.1:\d+ closed \(the peer left, or sent a message over "
+                            r"the 0\.0954 MB cap\)", r.getMessage()) for r in caplog.records)
     with pytest.raises(DeliveryError, match=r"exceeds max_message_mb"):  # the sender's own cap, before sending
         await transports("c", options=TransportOptions(max_message_bytes=100_000)).request(
             receiver.address, model(w=torch.zeros(100_000)), timeout=1.5)
@@ -257,6 +258,8 @@ async def test_a_bug_about_one_message_never_stops_receiving(transports: Make, m
         assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"] and len(got) == 1
     bugs = [r for r in caplog.records if "could not be handled" in r.getMessage()]
     assert 1 <= len(bugs) <= 5 and bugs[0].exc_info is not None  # with its traceback, a few per window
+    assert bugs[0].getMessage() == "b: a received message could not be handled"
+    assert receiver.dropped == 30  # each message the bug cost, counted once
 
 
 # -- what each path of the transport promises, exactly (mutation-checked: tests/mutation/run.sh) --------------
@@ -482,6 +485,7 @@ def test_peer_of_names_the_remote_end_or_says_it_cannot() -> None:
     ((100, 1000), 5000, (1000, 1000)),  # never past the hard limit
     ((100, resource.RLIM_INFINITY), 5000, (5000, resource.RLIM_INFINITY)),
     ((800, 1000), 500, None),  # already enough
+    ((500, 1000), 500, None),  # exactly enough
     ((resource.RLIM_INFINITY, resource.RLIM_INFINITY), 500, None),
 ])
 def test_the_open_files_limit_is_raised_to_what_the_dealer_cap_needs(
@@ -490,9 +494,27 @@ def test_the_open_files_limit_is_raised_to_what_the_dealer_cap_needs(
 
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(transport.resource, "getrlimit", lambda which: limits)
-    monkeypatch.setattr(transport.resource, "setrlimit", lambda which, value: calls.append(value))
+
+    def setrlimit(which: int, value: tuple[int, int]) -> None:
+        assert which == resource.RLIMIT_NOFILE
+        calls.append(value)
+
+    monkeypatch.setattr(transport.resource, "setrlimit", setrlimit)
     transport._allow_open_files(needed)
     assert calls == ([set_to] if set_to else [])
+
+
+@pytest.mark.parametrize("error", [ValueError("over the hard limit"), OSError("not permitted")])
+def test_an_open_files_limit_that_cannot_be_raised_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch,
+                                                                     error: Exception) -> None:
+    from p2pfed.net import transport
+
+    def refuse(which: int, value: tuple[int, int]) -> None:
+        raise error
+
+    monkeypatch.setattr(transport.resource, "getrlimit", lambda which: (100, 1000))
+    monkeypatch.setattr(transport.resource, "setrlimit", refuse)
+    transport._allow_open_files(500)  # a member still starts; the limit shows when sockets run out
 
 
 async def test_refusals_are_logged_within_a_budget_per_sender(transports: Make, caplog: pytest.LogCaptureFixture
