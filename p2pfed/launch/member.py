@@ -85,12 +85,11 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
     import torch
 
     from p2pfed.launch.runner import prepare_data
-    from p2pfed.methods import is_central
+    from p2pfed.methods import is_central, load_checked
     from p2pfed.node.client import CentralNode
     from p2pfed.node.learner import LearningNode
-    from p2pfed.scenario.config import load_scenario
 
-    scenario = load_scenario(scenario_path)
+    scenario = load_checked(scenario_path)
     bad = [i for i in indices if not 0 <= i < scenario.nodes]
     if bad:
         raise ValueError(f"--index {bad[0]} is outside the scenario's {scenario.nodes} nodes")
@@ -136,14 +135,13 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
 
     from p2pfed.coordinator.server import Coordinator
     from p2pfed.launch.runner import prepare_data
-    from p2pfed.methods import CENTRAL, REGISTRY, is_central
-    from p2pfed.scenario.config import load_scenario
+    from p2pfed.methods import CENTRAL, REGISTRY, is_central, load_checked
 
     if method in REGISTRY:
         raise ValueError(f"{method} is a decentralized method: its nodes need no coordinator")
     if not is_central(method):
         raise ValueError(f"unknown method {method!r}; a coordinator runs one of {', '.join(CENTRAL)}")
-    scenario = load_scenario(scenario_path)
+    scenario = load_checked(scenario_path)
     use_scenario_mesh(cfg, scenario, method)
     cfg.name = cfg.name or "coordinator"
     torch.set_num_threads(1)

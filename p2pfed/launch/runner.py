@@ -27,7 +27,7 @@ import torch
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.partition import Partition, make_partition
-from p2pfed.methods import is_central
+from p2pfed.methods import is_central, load_checked
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
 from p2pfed.node.learner import LearningNode
@@ -391,7 +391,7 @@ def prepare_run(path: Path, out: Path | None, methods: list[str] | None = None,
     its report would mix the two."""
     from p2pfed.config import ConfigError, read_toml
 
-    scenario = load_scenario(path, overrides or ())
+    scenario = load_checked(path, overrides or ())
     if methods:
         unknown = [m for m in methods if m not in scenario.methods]
         if unknown:

@@ -3,8 +3,11 @@ coordinated methods (methods/central.py) have a server side, run by the coordina
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from p2pfed.config import ConfigError
 from p2pfed.methods.base import Method, NodeContext
 from p2pfed.methods.baselines import FedAvg, Local, Oracle
 from p2pfed.methods.cam import FeSEMCAMServer, IFCACAMServer
@@ -20,6 +23,7 @@ from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.ifca import IFCAServer
 from p2pfed.methods.pfedlia_central import PFedLIACentralServer
 from p2pfed.methods.pfedlia_p2p import PFedLIAP2P
+from p2pfed.scenario.config import Scenario, load_scenario
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P)}
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
@@ -27,6 +31,32 @@ CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     PFedLIACentralServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
     FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer)}
 METHODS = (*CENTRAL, *REGISTRY)
+
+
+def check_scenario(scenario: Scenario) -> None:
+    """Raise ConfigError for what in a scenario the methods themselves rule out: an unknown method, more
+    cluster models than nodes for a method that has K of them."""
+    unknown = [m for m in scenario.methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"scenario.methods: {', '.join(repr(m) for m in unknown)} not known; "
+                          f"choose among {', '.join(METHODS)}")
+    # methods with K cluster models are those that read central.k
+    if (any("k" in CENTRAL[m].option_keys for m in scenario.methods if m in CENTRAL)
+            and (scenario.central.k or scenario.data.clusters) > scenario.nodes):
+        raise ConfigError(f"central.k (or data.clusters when k = 0) must not exceed scenario.nodes "
+                          f"({scenario.nodes})")
+
+
+def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:
+    """A scenario file loaded (load_scenario: its tables and values) and checked against the methods: what a
+    launcher runs. Errors name the file, as load_scenario's do."""
+    scenario = load_scenario(path, overrides)
+    try:
+        check_scenario(scenario)
+    except ConfigError as exc:
+        changed = f" with --set {' --set '.join(overrides)}" if overrides else ""
+        raise ConfigError(f"{path}{changed}: {exc}") from None
+    return scenario
 
 
 def is_central(name: str) -> bool:

@@ -14,24 +14,15 @@ keep, picks its peers the same way, and starts, without any other node re-cluste
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from p2pfed.influence.selection import select_peers
 from p2pfed.methods.base import Method, NodeContext
+from p2pfed.scenario.config import PFedLIAConfig
+
+__all__ = ["PFedLIAConfig", "PFedLIAP2P"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PFedLIAConfig:
-    """pFedLIA's options (paper 002), the scenario's [pfedlia] table: warm-up, partial models, selection."""
-
-    warmup_rounds: int = 5
-    lia_epochs: int = 20
-    lia_batch: int = 100
-    lia_lr: float = 0.05
-    gap: float = 0.8
 
 
 class PFedLIAP2P(Method):

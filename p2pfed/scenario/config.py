@@ -17,8 +17,6 @@ from p2pfed.config import ConfigError, MeshConfig, fill, read_toml
 from p2pfed.learn.datasets import DATASETS
 from p2pfed.learn.models import MODELS
 from p2pfed.learn.partition import PARTITIONS
-from p2pfed.methods import CENTRAL, METHODS
-from p2pfed.methods.pfedlia_p2p import PFedLIAConfig
 from p2pfed.wire.messages import is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
@@ -61,6 +59,17 @@ class TrainConfig:
     round_timeout: float = 60.0
     device: str = "auto"
     eval_every: int = 1  # evaluate the personalised model every k rounds (and always after the last)
+
+
+@dataclass
+class PFedLIAConfig:
+    """pFedLIA's options (paper 002), the scenario's [pfedlia] table: warm-up, partial models, selection."""
+
+    warmup_rounds: int = 5
+    lia_epochs: int = 20
+    lia_batch: int = 100
+    lia_lr: float = 0.05
+    gap: float = 0.8
 
 
 @dataclass
@@ -146,7 +155,8 @@ class Scenario:
         return f"n{index:0{max(2, len(str(self.nodes - 1)))}d}"
 
     def validate(self, where: str = "") -> None:
-        """Raise ConfigError naming the key of anything that cannot work."""
+        """Raise ConfigError naming the key of anything that cannot work (what needs the methods themselves,
+        their names and options, is checked by methods.check_scenario: this module is plain data, below them)."""
         c = self.central
         checks = [
             (is_name(self.name), f"scenario.name must be up to 64 letters, digits, '-', '_' or '.' (it names "
@@ -154,9 +164,6 @@ class Scenario:
             (self.nodes >= 2, "scenario.nodes must be at least 2"),
             (self.rounds >= 1, "scenario.rounds must be at least 1"),
             (bool(self.methods), "scenario.methods must name at least one method"),
-            (all(m in METHODS for m in self.methods),
-             f"scenario.methods: {', '.join(repr(m) for m in self.methods if m not in METHODS)} not known; "
-             f"choose among {', '.join(METHODS)}"),
             (self.data.partition in PARTITIONS, f"data.partition must be one of {', '.join(PARTITIONS)}"),
             (self.data.partition in ("iid", "dirichlet", "dominant", "missing")
              or 1 <= self.data.clusters <= self.nodes,
@@ -192,10 +199,6 @@ class Scenario:
             ("ifca-cam" not in self.methods or c.cam_warmup < self.rounds,
              f"central.cam_warmup ({c.cam_warmup}) must be below scenario.rounds ({self.rounds}): IFCA-CAM's "
              "warm-up rounds would leave none for the cluster models"),
-            # methods with K cluster models are those that read central.k
-            (not any("k" in CENTRAL[m].option_keys for m in self.methods if m in CENTRAL)
-             or (c.k or self.data.clusters) <= self.nodes,
-             f"central.k (or data.clusters when k = 0) must not exceed scenario.nodes ({self.nodes})"),
         ]
         for ok, message in checks:
             if not ok:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from p2pfed.config import ConfigError
-from p2pfed.scenario.config import load_scenario
+from p2pfed.methods import load_checked
 
 BASE = ("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['pfedlia-p2p']\n[data]\nclusters = 2\n"
         "[pfedlia]\nwarmup_rounds = 2\n")
@@ -61,7 +61,7 @@ def test_each_setting_that_cannot_work_is_named(tmp_path: Path, settings: list[s
     path = tmp_path / "s.toml"
     path.write_text(BASE)
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))} with --set [^:]*: .*{re.escape(message)}"):
-        load_scenario(path, settings)
+        load_checked(path, settings)
 
 
 @pytest.mark.parametrize(("events", "extra", "message"), [
@@ -75,17 +75,17 @@ def test_a_scripted_event_that_cannot_happen_is_named(tmp_path: Path, events: st
     path = tmp_path / "s.toml"
     path.write_text(BASE.replace("[data]", extra + "[data]") + events)
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: .*{re.escape(message)}"):
-        load_scenario(path)
+        load_checked(path)
 
 
 def test_a_valid_scenario_loads_with_its_settings(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
     path.write_text(BASE + EVENT.format(round=1, action="crash", node=0))
-    s = load_scenario(path, ["train.participation=1", "pfedlia.warmup_rounds=4"])
+    s = load_checked(path, ["train.participation=1", "pfedlia.warmup_rounds=4"])
     assert (s.nodes, s.rounds, s.train.participation, s.pfedlia.warmup_rounds) == (4, 5, 1.0, 4)
     assert s.events[0].action == "crash" and s.path == str(path)
     assert s.mesh_for("fedavg").mesh == s.mesh_name("fedavg") == f"{s.name}-fedavg"
     assert s.mesh_for("fedavg").heartbeat == s.mesh.heartbeat and s.mesh.mesh == "default"
     with pytest.raises(ConfigError, match=r"s\.toml: unknown table \[modle\]"):
         path.write_text(BASE + "[modle]\nx = 1\n")
-        load_scenario(path)
+        load_checked(path)

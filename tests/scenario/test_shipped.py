@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from p2pfed.learn.partition import make_partition
-from p2pfed.scenario.config import load_scenario
+from p2pfed.methods import load_checked
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "scenarios").glob("*.toml"))
 SIZES = {"digits": (1347, 450), "fmnist": (60000, 10000), "cifar10": (50000, 10000)}  # train, test
@@ -20,7 +20,7 @@ def test_the_scenarios_folder_is_found() -> None:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_shipped_scenario_partitions_give_every_node_data(path: Path) -> None:
-    s = load_scenario(path)
+    s = load_checked(path)
     n_train, n_test = SIZES[s.data.dataset]
     # Balanced labels of the dataset's size stand in for the real ones (the partitions only read labels).
     y_train, y_test = np.arange(n_train) % 10, np.arange(n_test) % 10
@@ -45,7 +45,7 @@ def test_settings_that_cannot_work_are_refused_with_the_key(tmp_path: Path, extr
     path = tmp_path / "s.toml"
     path.write_text("[scenario]\nnodes = 4\nrounds = 5\n" + extra + "[data]\nclusters = 2\n")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_scenario(path)
+        load_checked(path)
 
 
 def test_set_overrides_change_settings_and_name_what_is_wrong(tmp_path: Path) -> None:
@@ -53,13 +53,13 @@ def test_set_overrides_change_settings_and_name_what_is_wrong(tmp_path: Path) ->
 
     path = tmp_path / "s.toml"
     path.write_text("[scenario]\nnodes = 4\nrounds = 5\n[data]\nclusters = 2\n")
-    s = load_scenario(path, ["scenario.seed=3", "data.dataset=fmnist", "central.k=2", "scenario.methods=['fesem']"])
+    s = load_checked(path, ["scenario.seed=3", "data.dataset=fmnist", "central.k=2", "scenario.methods=['fesem']"])
     assert (s.seed, s.data.dataset, s.central.k, s.methods, s.data.clusters) == (3, "fmnist", 2, ["fesem"], 2)
     for bad, message in [("seed=3", "expected TABLE.KEY=VALUE"), ("model.depth=3", "unknown table \\[model\\]"),
                          ("data.clusterz=3", "with --set data.clusterz=3: .*clusterz"),
                          ("scenario.rounds=0", "rounds must be at least 1")]:
         with pytest.raises(ConfigError, match=message):
-            load_scenario(path, [bad])
+            load_checked(path, [bad])
 
 
 def test_a_run_folder_takes_more_methods_only_of_the_same_scenario(tmp_path: Path) -> None:
