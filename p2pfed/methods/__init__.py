@@ -23,7 +23,7 @@ from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.ifca import IFCAServer
 from p2pfed.methods.pfedlia_central import PFedLIACentralServer
 from p2pfed.methods.pfedlia_p2p import PFedLIAP2P
-from p2pfed.scenario.config import Scenario, load_scenario
+from p2pfed.scenario.config import Scenario, load_scenario, source
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P)}
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
@@ -54,8 +54,7 @@ def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:
     try:
         check_scenario(scenario)
     except ConfigError as exc:
-        changed = f" with --set {' --set '.join(overrides)}" if overrides else ""
-        raise ConfigError(f"{path}{changed}: {exc}") from None
+        raise ConfigError(f"{source(path, overrides)}: {exc}") from None
     return scenario
 
 

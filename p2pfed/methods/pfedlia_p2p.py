@@ -20,8 +20,6 @@ from p2pfed.influence.selection import select_peers
 from p2pfed.methods.base import Method, NodeContext
 from p2pfed.scenario.config import PFedLIAConfig
 
-__all__ = ["PFedLIAConfig", "PFedLIAP2P"]
-
 log = logging.getLogger(__name__)
 
 

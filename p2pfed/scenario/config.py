@@ -265,6 +265,11 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
         scenario.path = str(path)
         scenario.validate()
     except ConfigError as exc:
-        changed = f" with --set {' --set '.join(overrides)}" if overrides else ""  # the value may be from there
-        raise ConfigError(f"{path}{changed}: {exc}") from None
+        raise ConfigError(f"{source(path, overrides)}: {exc}") from None
     return scenario
+
+
+def source(path: Path, overrides: Sequence[str] = ()) -> str:
+    """Where a scenario's settings came from, for an error: the file, and the --set overrides (a value may
+    be from there)."""
+    return f"{path} with --set {' --set '.join(overrides)}" if overrides else str(path)

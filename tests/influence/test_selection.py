@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from p2pfed.influence.selection import mutual_clusters, select_peers, two_means
-from p2pfed.methods.pfedlia_p2p import PFedLIAConfig
+from p2pfed.scenario.config import PFedLIAConfig
 
 
 def test_clear_split_chooses_the_helpful_group() -> None:

@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from p2pfed.methods.central import Task
-from p2pfed.methods.pfedlia_p2p import PFedLIAConfig
-from p2pfed.scenario.config import CentralConfig
+from p2pfed.scenario.config import CentralConfig, PFedLIAConfig
 
 
 class FakeCoordinator:

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from p2pfed.methods.pfedlia_p2p import PFedLIAConfig, PFedLIAP2P
+from p2pfed.methods.pfedlia_p2p import PFedLIAP2P
+from p2pfed.scenario.config import PFedLIAConfig
 
 
 class FakeNode:
