@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.transport import Transport
@@ -75,8 +77,18 @@ async def members() -> AsyncIterator[Callable[..., Endpoint]]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Last resort: destroy every transport's context a test left open, so the process can exit."""
+    """Last resort: destroy every context a test left open, so the process can exit.
+
+    A transport's own teardown first (its authenticator thread), then any zmq context still alive: a test
+    stopped by its timeout can leave a context whose Transport is already collected, and that context's
+    ``__del__`` would otherwise wait for its sockets at interpreter exit.
+    """
+    contexts = (zmq.Context, zmq.asyncio.Context)
     for obj in gc.get_objects():
         if type(obj) is Transport:  # type(): isinstance would wake torch's lazy modules
             with contextlib.suppress(Exception):
                 destroy(obj)
+    for obj in gc.get_objects():
+        if type(obj) in contexts and not obj.closed:
+            with contextlib.suppress(Exception):
+                obj.destroy(linger=0)
