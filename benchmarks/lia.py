@@ -20,10 +20,10 @@ import time
 import torch
 from torch.nn import functional as F
 
-from p2pfed.influence.lazy_influence import partial_model, score_peers, score_peers_one_by_one, validation_loss
+from p2pfed.influence.lazy_influence import score_peers, score_peers_one_by_one, validation_loss
 from p2pfed.learn.datasets import load_dataset
 from p2pfed.learn.models import build_model
-from p2pfed.learn.train import state_of, train_epochs
+from p2pfed.learn.train import state_of, train_copy, train_epochs
 
 CPU = torch.device("cpu")
 
@@ -78,7 +78,7 @@ def bench_lazy_vs_exact(dataset: str, repeat: int, threshold: float, lazy_epochs
             return validation_loss(model, w0, x_test, y_test, CPU) - float(F.cross_entropy(fresh(x_test), y_test))
 
     def lazy() -> float:
-        p = partial_model(copy.deepcopy(model), w0, x_batch, y_batch, epochs=lazy_epochs, batch_size=32, lr=0.05,
+        p = train_copy(copy.deepcopy(model), w0, x_batch, y_batch, epochs=lazy_epochs, batch_size=32, lr=0.05,
                           seed=0, device=CPU)
         return validation_loss(model, w0, x_test, y_test, CPU) - validation_loss(model, p, x_test, y_test, CPU)
 

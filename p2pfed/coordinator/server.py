@@ -124,10 +124,10 @@ class Coordinator:
             return Update(states[0] if states else None, reply.body["samples"], meta, states[1:], aux_of(reply.tensors))
         if task.kind == "score":
             values = reply.body.get("values", [])
-            if reply.type != "scores" or reply.body["peers"] != task.names or \
-                    not all(math.isfinite(v) for v in values):
+            if (reply.type != "note" or reply.body["kind"] != "scores" or reply.body["names"] != task.names
+                    or not all(math.isfinite(v) for v in values)):
                 raise WireError("expected one finite score per partial model, in the order sent")
-            return dict(zip(reply.body["peers"], values, strict=True))
+            return dict(zip(reply.body["names"], values, strict=True))
         if reply.type != "control" or reply.body["kind"] != "metrics":
             raise WireError(f"expected metrics, got {reply.type}")
         return reply.body["meta"]

@@ -1,5 +1,6 @@
-"""Lazy Influence Approximation (paper 002, §III-D): train a copy of w0 for a few epochs on a batch of
-one's training data (the partial model), and score a peer's partial model on one's own validation split:
+"""Lazy Influence Approximation (paper 002, §III-D): a node trains a copy of w0 for a few epochs on a batch of
+its training data (the partial model: learn.train.train_copy), and scores a peer's partial model on its own
+validation split:
 
     influence_j = loss(w0) − loss(partial_j)        (eq. 1; positive: peer j's data helps me)
 
@@ -16,17 +17,6 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from p2pfed.learn.tasks import CLASSIFICATION, LearningTask
-from p2pfed.learn.train import state_of, train_epochs
-
-
-def partial_model(model: nn.Module, w0: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, *,
-                  epochs: int, batch_size: int, lr: float, seed: int, device: torch.device,
-                  task: LearningTask = CLASSIFICATION) -> dict[str, torch.Tensor]:
-    """Train a copy of w0 for a few epochs on (x, y), one batch of this node's training data."""
-    local = copy.deepcopy(model)
-    local.load_state_dict(w0)
-    train_epochs(local, x, y, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, device=device, task=task)
-    return state_of(local)
 
 
 @torch.no_grad()

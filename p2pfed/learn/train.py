@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -95,6 +96,17 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.d
 def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
     """A detached CPU snapshot of the model's state (safe to send while the model keeps training)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def train_copy(model: nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, *,
+               epochs: int, batch_size: int, lr: float, seed: int, device: torch.device,
+               task: LearningTask = CLASSIFICATION) -> dict[str, torch.Tensor]:
+    """A copy of model with the weights start, trained for a few epochs on (x, y); model itself is left as it
+    is (pFedLIA's partial model: w0 trained on one batch of a node's data)."""
+    local = copy.deepcopy(model)
+    local.load_state_dict(start)
+    train_epochs(local, x, y, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, device=device, task=task)
+    return state_of(local)
 
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:

@@ -21,8 +21,8 @@ from p2pfed.methods.fedproto import FedProtoServer
 from p2pfed.methods.fedprox import FedProxServer
 from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.ifca import IFCAServer
-from p2pfed.methods.pfedlia_central import PFedLIACentralServer
-from p2pfed.methods.pfedlia_p2p import PFedLIAP2P
+from p2pfed.methods.pfedlia.central import PFedLIACentralServer
+from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
 from p2pfed.scenario.config import Scenario, load_scenario, source
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P)}
@@ -63,11 +63,12 @@ def is_central(name: str) -> bool:
     return name in CENTRAL
 
 
-def make_method(name: str, node: NodeContext, options: Any = None) -> Method:
-    """Instantiate a decentralized method by name for a node."""
+def make_method(name: str, node: NodeContext, scenario: Scenario) -> Method:
+    """Instantiate a decentralized method by name for a node, with its options from the scenario."""
     if name not in REGISTRY:
         raise ValueError(f"unknown decentralized method {name!r}; choose one of {', '.join(REGISTRY)}")
-    return REGISTRY[name](node, options)
+    method = REGISTRY[name]
+    return method(node, method.options_from(scenario))
 
 
 def make_server(name: str, ctx: ServerContext, options: Any) -> ServerMethod:

@@ -27,12 +27,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from p2pfed.influence.lazy_influence import partial_model, score_peers
+from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import Evaluation, distance_penalty, evaluate, pick_device, round_seed, state_of, train_epochs
+from p2pfed.learn.train import (
+    Evaluation,
+    distance_penalty,
+    evaluate,
+    pick_device,
+    round_seed,
+    state_of,
+    train_copy,
+    train_epochs,
+)
 from p2pfed.methods import make_client
 from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
@@ -239,7 +248,7 @@ class CentralNode:
             values = await asyncio.to_thread(score_peers, self.model, task.models[0], task.models[1:],
                                              self.data.x_val, self.data.y_val, self.device, task=self.task)
             self.record("scores", peers=names, values=values)
-            return self.endpoint.message("scores", {"peers": names, "values": values, "meta": {}})
+            return self.endpoint.message("note", {"kind": "scores", "names": names, "values": values, "meta": {}})
 
     def _as_adversary(self, update: Update, task: Task, choice: int) -> Update:
         """What a scripted adversary sends instead of its honest update: the model it was given back
@@ -254,7 +263,7 @@ class CentralNode:
     async def _partial(self, w0: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pf = self.scenario.pfedlia
         n = min(pf.lia_batch, self.data.samples)
-        return await asyncio.to_thread(partial_model, self.model, w0, self.data.x_train[:n], self.data.y_train[:n],
+        return await asyncio.to_thread(train_copy, self.model, w0, self.data.x_train[:n], self.data.y_train[:n],
                                        epochs=pf.lia_epochs, batch_size=self.cfg.batch_size, lr=pf.lia_lr,
                                        seed=self.scenario.seed + self.index, device=self.device, task=self.task)
 

@@ -18,17 +18,17 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from p2pfed.influence.lazy_influence import partial_model, score_peers
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import evaluate, pick_device, round_seed, state_of, train_epochs, weighted_average
+from p2pfed.learn.train import evaluate, pick_device, round_seed, state_of, train_copy, train_epochs, weighted_average
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
@@ -43,6 +43,7 @@ from p2pfed.wire import Message, WireError, check_tensors
 from p2pfed.wire.messages import cut
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How far ahead of this node's round a peer's model may be, and be kept for later: a peer that does not
 # wait for this node (it did not choose it) runs ahead; beyond this, this node catches up instead.
@@ -73,7 +74,7 @@ class LearningNode:
         # Every node starts from the same seeded weights, as FedAvg's shared initial model.
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
         self.reference = state_of(self.model)
-        self.method = make_method(method, self, scenario.pfedlia)
+        self.method = make_method(method, self, scenario)
         self.method_name = method
         self.inbox: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
@@ -82,7 +83,7 @@ class LearningNode:
         self.out_dir = out_dir
         self.metrics_path = out_dir / f"{self.name}.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"{self.name}.ckpt"
-        endpoint.handlers.update({"model": self._on_model, "request": self._on_request, "scores": self._on_scores})
+        endpoint.handlers.update({"model": self._on_model, "request": self._on_request, "note": self._on_note})
         endpoint.on_change.append(self._on_peer_change)
         self.background: set[asyncio.Task[None]] = set()
 
@@ -100,28 +101,32 @@ class LearningNode:
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
 
-    async def train_partial(self) -> dict[str, torch.Tensor]:
-        pf = self.scenario.pfedlia
-        w0 = self.current_state()
-        n = min(pf.lia_batch, len(self.y_train))
-        x, y = self.x_train[:n], self.y_train[:n]  # the shard is already shuffled: its first n samples
+    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
+                         ) -> dict[str, torch.Tensor]:
+        """A copy of start trained on the first samples of this node's shard (already shuffled); the node's
+        model is left as it is. Seeded by the scenario's seed and the node's index: the same copy after a
+        restart. A scripted free-rider's copy is start, untrained."""
         if self.adversary == "free-rider":
-            partial = {k: v.clone() for k, v in w0.items()}
-        else:
-            partial = await asyncio.to_thread(partial_model, self.model, w0, x, y, epochs=pf.lia_epochs,
-                                              batch_size=self.cfg.batch_size, lr=pf.lia_lr,
-                                              seed=self.scenario.seed + self.index, device=self.device,
-                                              task=self.task)
-        self.kept["w0"], self.kept["partial"] = w0, partial
-        save_atomic(self.kept, self.checkpoint_path.with_suffix(".kept"))
-        return partial
+            return {k: v.clone() for k, v in start.items()}
+        n = min(samples, len(self.y_train))
+        return await asyncio.to_thread(train_copy, self.model, start, self.x_train[:n], self.y_train[:n],
+                                       epochs=epochs, batch_size=self.cfg.batch_size, lr=lr,
+                                       seed=self.scenario.seed + self.index, device=self.device, task=self.task)
 
-    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
-        names = sorted(partials)
-        w0 = self.kept.get("w0") or self.current_state()
-        values = await asyncio.to_thread(score_peers, self.model, w0, [partials[n] for n in names],
-                                         self.x_val, self.y_val, self.device, task=self.task)
-        return dict(zip(names, values, strict=True))
+    async def on_validation(self, judge: Callable[..., T]) -> T:
+        """judge(model, x_val, y_val, device, task) run in a worker thread: a method's look at how models do
+        on this node's validation split (which never leaves the node)."""
+        return await asyncio.to_thread(judge, self.model, self.x_val, self.y_val, self.device, self.task)
+
+    def keep(self, models: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Keep models by kind, to give any peer that requests that kind (a late joiner); written at once with
+        the checkpoint's kept file, so a restarted node still has them."""
+        self.kept.update(models)
+        save_atomic(self.kept, self.checkpoint_path.with_suffix(".kept"))
+
+    def kept_model(self, kind: str) -> dict[str, torch.Tensor] | None:
+        """A model this node keeps, None if none of that kind."""
+        return self.kept.get(kind)
 
     def _outgoing(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A model as it leaves this node (sent or served): a scripted noise-model adversary's is noise."""
@@ -179,26 +184,30 @@ class LearningNode:
         return reply.tensors  # views of the received frames (kept alive by the tensors); never written to
 
     def _on_peer_change(self, change: Change) -> None:
-        """Let the method react to a peer that (re)appeared, e.g. re-announce whom this node chose."""
-        react = getattr(self.method, "on_peer_change", None)
+        """Let the method react to a learning peer that (re)appeared (method.on_peer_back)."""
         peer = self.endpoint.peers.peers.get(change.name)
-        if (react is None or peer is None or peer.role != "node" or change.new not in (ALIVE, "rejoined")
+        if (peer is None or peer.role != "node" or change.new not in (ALIVE, "rejoined")
                 or change.old in (ALIVE, SUSPECT)):
             return  # only a learning peer that (re)appeared: not the bootstrap, not a coordinator
-        task = asyncio.get_running_loop().create_task(react(change.name))
+        task = asyncio.get_running_loop().create_task(self.method.on_peer_back(change.name))
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
-    async def announce_choices(self, chosen: dict[str, float], to: list[str] | None = None) -> None:
-        body = {"peers": sorted(chosen), "values": [chosen[p] for p in sorted(chosen)], "meta": {}}
+    async def send_note(self, to: list[str], kind: str, values: dict[str, float]) -> int:
+        """Send a note of kind (names and their values, no tensors) to peers, acknowledged; return how many
+        acknowledged it."""
+        names = sorted(values)
+        body = {"kind": kind, "names": names, "values": [values[n] for n in names], "meta": {}}
 
-        async def one(peer: str) -> None:
+        async def one(peer: str) -> bool:
             try:
-                await self.endpoint.request(peer, self.endpoint.message("scores", body), self.cfg.round_timeout)
+                await self.endpoint.request(peer, self.endpoint.message("note", body), self.cfg.round_timeout)
+                return True
             except DeliveryError as exc:
-                log.warning("%s: choice not delivered to %s: %s", self.name, peer, exc)
+                log.warning("%s: %s not delivered to %s: %s", self.name, kind, peer, exc)
+                return False
 
-        await asyncio.gather(*(one(p) for p in (to if to is not None else self.live_peers())))
+        return sum(await asyncio.gather(*(one(p) for p in to)))
 
     def record(self, event: str, **fields: Any) -> None:
         append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)
@@ -242,19 +251,21 @@ class LearningNode:
         return self.endpoint.message("model", {"kind": kind, "samples": self.samples, "meta": {}},
                                      self._outgoing(state))
 
-    async def _on_scores(self, msg: Message) -> Message | None:
-        if len(msg.body["peers"]) != len(msg.body["values"]):
-            raise WireError("scores: peers and values differ in length")
+    async def _on_note(self, msg: Message) -> Message | None:
+        kind, names, values = msg.body["kind"], msg.body["names"], msg.body["values"]
+        if kind not in self.method.notes:
+            raise WireError(f"{self.name} takes no {cut(kind, 40)} note")
+        if len(names) != len(values):
+            raise WireError(f"{kind}: names and values differ in length")
         if msg.sender not in self.endpoint.peers.peers:
             raise WireError(f"{msg.sender} is not a member {self.name} knows")
-        self._check_window(msg.round, f"choices for round {msg.round} are")
-        # A choice made in a past round still holds (a late joiner's, or a restarted node's choice announced
-        # again): the method takes it; only the inbox, which serves rounds still to be collected, skips it.
-        on_choices = getattr(self.method, "on_choices", None)
-        if on_choices is not None:
-            on_choices(msg.sender, msg.body["peers"])
+        self._check_window(msg.round, f"a {kind} note for round {msg.round} is")
+        # A note of a past round may still matter (a late joiner's choice of peers, or a restarted node's
+        # announced again): the method takes it; only the inbox, which serves rounds still to be collected,
+        # skips it.
+        self.method.on_note(kind, msg.sender, msg.round, dict(zip(names, values, strict=True)))
         if msg.round >= self.round:
-            self.inbox.setdefault(("choices", msg.round), {})[msg.sender] = {"peers": msg.body["peers"]}
+            self.inbox.setdefault((kind, msg.round), {})[msg.sender] = {"names": names, "values": values}
         self.arrivals.set()
         self.arrivals = asyncio.Event()
         return None
@@ -319,7 +330,7 @@ class LearningNode:
         decided = self.method.state()
         await self.method.before_round(rnd)
         if self.method.state() != decided:
-            # The method decided something before the round (pFedLIA's choice of peers, already announced to
+            # The method decided something before the round (e.g. a choice of peers, already announced to
             # them): keep it now, so a crash later in this round resumes with it instead of choosing again.
             self.checkpoint(rnd - 1)
             # A late joiner's choice took its fetches' time: its chosen peers may be far ahead by now.
@@ -367,12 +378,12 @@ class LearningNode:
         ev = evaluate(self.model, self.x_test, self.y_test, self.device, task=self.task)
         return {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "loss": ev.loss, "test_samples": ev.samples,
                 "bytes_sent": self.endpoint.transport.bytes_sent, "true_cluster": self.true_cluster_of(self.name),
-                **{k: v for k, v in self.method.state().items() if k == "chosen"}}
+                **self.method.report()}
 
     # -- crash safety ----------------------------------------------------------------------------
     def checkpoint(self, rnd: int) -> None:
-        """Write model, round and method state atomically (tmp file, then rename). The kept models (w0 and
-        the partial model), which change once, are written when they change (see train_partial)."""
+        """Write model, round and method state atomically (tmp file, then rename). The models the method keeps
+        for its peers, which seldom change, are written when they change (see keep)."""
         save_atomic({"round": rnd, "model": self.current_state(), "method": json.dumps(self.method.state())},
                      self.checkpoint_path)
 

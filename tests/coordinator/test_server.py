@@ -119,9 +119,12 @@ def update(coordinator: Coordinator, models: int = 1, samples: int = 5, kind: st
     (Task("train"), lambda c: Message("model", "n00", body={"kind": "update", "samples": 5, "meta": {}},
                                       tensors={"0/nope": torch.zeros(1)}), "local model"),
     (Task("score", names=["n01", "n02"]), lambda c: Message(
-        "scores", "n00", body={"peers": ["n02", "n01"], "values": [0.1, 0.2], "meta": {}}),
+        "note", "n00", body={"kind": "scores", "names": ["n02", "n01"], "values": [0.1, 0.2], "meta": {}}),
      "expected one finite score per partial model, in the order sent"),
     (Task("score", names=["n01"]), lambda c: update(c), "expected one finite score"),
+    (Task("score", names=["n01"]), lambda c: Message(
+        "note", "n00", body={"kind": "choices", "names": ["n01"], "values": [0.1], "meta": {}}),
+     "expected one finite score"),
     (Task("eval"), lambda c: Message("control", "n00", body={"kind": "hello", "meta": {}}),
      "expected metrics, got control"),
     (Task("finish"), lambda c: update(c), "expected metrics, got model"),

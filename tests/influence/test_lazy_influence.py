@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from p2pfed.influence.lazy_influence import partial_model, score_peers, score_peers_one_by_one
+from p2pfed.influence.lazy_influence import score_peers, score_peers_one_by_one
 from p2pfed.learn.datasets import load_dataset
 from p2pfed.learn.models import build_model
-from p2pfed.learn.train import state_of
+from p2pfed.learn.train import state_of, train_copy
 
 CPU = torch.device("cpu")
 
@@ -23,7 +23,7 @@ def test_same_distribution_peers_score_higher_and_batched_equals_looped() -> Non
     partials = []
     for mask, seed in [(mine, 1), (mine, 2), (other, 3), (other, 4)]:
         x, y = d.x_train[mask][:60], d.y_train[mask][:60]
-        partials.append(partial_model(model, w0, x, y, epochs=10, batch_size=16, lr=0.05, seed=seed, device=CPU))
+        partials.append(train_copy(model, w0, x, y, epochs=10, batch_size=16, lr=0.05, seed=seed, device=CPU))
     batched = score_peers(model, w0, partials, x_val, y_val, CPU, chunk=3, batched=True)
     looped = score_peers_one_by_one(model, w0, partials, x_val, y_val, CPU)
     assert torch.allclose(torch.tensor(batched), torch.tensor(looped), atol=1e-4)
@@ -38,7 +38,7 @@ def test_training_a_partial_model_leaves_the_nodes_own_model_as_it_was() -> None
     d = load_dataset("digits")
     model = build_model("cnn", d.input_shape, 10, seed=0)
     before = state_of(model)
-    partial = partial_model(model, before, d.x_train[:60], d.y_train[:60], epochs=2, batch_size=16, lr=0.05, seed=1,
+    partial = train_copy(model, before, d.x_train[:60], d.y_train[:60], epochs=2, batch_size=16, lr=0.05, seed=1,
                             device=CPU)
     after = state_of(model)
     assert all(torch.equal(after[k], before[k]) for k in before)

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from p2pfed.influence.lazy_influence import partial_model, score_peers, score_peers_one_by_one
+from p2pfed.influence.lazy_influence import score_peers, score_peers_one_by_one
 from p2pfed.learn.datasets import load_digits
 from p2pfed.learn.tasks import CLASSIFICATION, TASKS, LearningTask
-from p2pfed.learn.train import evaluate, one_step, state_of, train_epochs
+from p2pfed.learn.train import evaluate, one_step, state_of, train_copy, train_epochs
 
 CPU = torch.device("cpu")
 
@@ -76,8 +76,8 @@ def test_lazy_influence_scores_with_the_tasks_loss() -> None:
     x_val, y_val = line(32, seed=2)
     model = nn.Linear(3, 1)
     w0 = state_of(model)
-    helpful = partial_model(model, w0, x, y, epochs=20, batch_size=16, lr=0.05, seed=0, device=CPU, task=task)
-    harmful = partial_model(model, w0, x, -y, epochs=20, batch_size=16, lr=0.05, seed=0, device=CPU, task=task)
+    helpful = train_copy(model, w0, x, y, epochs=20, batch_size=16, lr=0.05, seed=0, device=CPU, task=task)
+    harmful = train_copy(model, w0, x, -y, epochs=20, batch_size=16, lr=0.05, seed=0, device=CPU, task=task)
     one_by_one = score_peers_one_by_one(model, w0, [helpful, harmful], x_val, y_val, CPU, task)
     batched = score_peers(model, w0, [helpful, harmful], x_val, y_val, CPU, batched=True, task=task)
     assert one_by_one[0] > 0 > one_by_one[1]  # eq. 1: loss(w0) − loss(partial), here squared errors

@@ -10,7 +10,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from p2pfed.methods.central import Task, Update
-from p2pfed.methods.pfedlia_central import PFedLIACentralServer, best_cluster, optics_clusters
+from p2pfed.methods.pfedlia.central import PFedLIACentralServer, best_cluster, optics_clusters
 from p2pfed.scenario.config import CentralConfig
 from tests.methods.fake import FakeCoordinator
 

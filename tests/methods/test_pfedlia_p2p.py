@@ -6,12 +6,14 @@ from typing import Any
 
 import torch
 
-from p2pfed.methods.pfedlia_p2p import PFedLIAP2P
+from p2pfed.influence.lazy_influence import score_peers
+from p2pfed.learn.tasks import CLASSIFICATION
+from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
 from p2pfed.scenario.config import PFedLIAConfig
 
 
 class FakeNode:
-    """A NodeContext whose peers' partial models and scores are given by the test."""
+    """A NodeContext whose peers' partial models are given by the test (their scores: ScoredPFedLIA)."""
 
     def __init__(self, name: str, peers: list[str], scores: dict[str, float], keeps: dict[str, set[str]]) -> None:
         self.name, self.round = name, 0
@@ -19,11 +21,12 @@ class FakeNode:
         self.scores = scores
         self.keeps = keeps  # peer -> kinds of kept model it can give ("w0", "partial")
         self.sent: list[tuple[str, set[str]]] = []
-        self.announced: list[tuple[list[str], list[str] | None]] = []
+        self.announced: list[tuple[list[str], list[str]]] = []
         self.fetched: list[tuple[str, str]] = []
         self.records: list[tuple[str, dict[str, Any]]] = []
         self.loaded: dict[str, torch.Tensor] | None = None
         self.trained_partial = 0
+        self.kept: dict[str, dict[str, torch.Tensor]] = {}
 
     def live_peers(self) -> list[str]:
         return sorted(self.peers)
@@ -31,9 +34,16 @@ class FakeNode:
     def true_cluster_of(self, name: str) -> int:
         return -1
 
-    async def train_partial(self) -> dict[str, torch.Tensor]:
+    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
+                         ) -> dict[str, torch.Tensor]:
         self.trained_partial += 1
         return {"w": torch.ones(2)}
+
+    def keep(self, models: dict[str, dict[str, torch.Tensor]]) -> None:
+        self.kept.update(models)
+
+    def kept_model(self, kind: str) -> dict[str, torch.Tensor] | None:
+        return self.kept.get(kind)
 
     async def send_model(self, to: set[str], kind: str, state: dict[str, torch.Tensor],
                          meta: dict[str, Any] | None = None) -> int:
@@ -47,11 +57,10 @@ class FakeNode:
                     for i, p in enumerate(sorted(expected))}
         return {p: {"peers": []} for p in expected}
 
-    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
-        return {p: self.scores[p] for p in partials}
-
-    async def announce_choices(self, chosen: dict[str, float], to: list[str] | None = None) -> None:
-        self.announced.append((sorted(chosen), to))
+    async def send_note(self, to: list[str], kind: str, values: dict[str, float]) -> int:
+        assert kind == "choices"
+        self.announced.append((sorted(values), list(to)))
+        return len(to)
 
     async def fetch(self, peer: str, kind: str) -> dict[str, torch.Tensor] | None:
         self.fetched.append((peer, kind))
@@ -67,23 +76,32 @@ class FakeNode:
         self.records.append((event, fields))
 
 
+class ScoredPFedLIA(PFedLIAP2P):
+    """pFedLIA whose lazy influence of a peer is the fake node's score for it."""
+
+    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
+        return {p: self.node.scores[p] for p in partials}  # type: ignore[attr-defined]
+
+
 SCORES = {"a": 2.0, "b": 1.9, "c": -3.0, "d": -3.1}
 
 
 async def test_warm_up_averages_with_everyone_then_the_influence_phase_chooses_the_helpful_peers() -> None:
     node = FakeNode("me", list(SCORES), SCORES, {})
-    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=2))
+    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=2))
     await method.before_round(1)
     assert method.sources(1) == method.subscribers(1) == set(SCORES) and node.sent == []
     await method.before_round(2)
     assert node.sent == [("partial", set(SCORES))] and node.trained_partial == 1
     assert method.chosen == {"a", "b"} and method.sources(3) == {"a", "b"}
-    assert node.announced == [(["a", "b"], None)] and node.records[0][1]["chosen"] == ["a", "b"]
+    assert node.announced == [(["a", "b"], sorted(SCORES))] and node.records[0][1]["chosen"] == ["a", "b"]
+    kept = {kind: state["w"].tolist() for kind, state in node.kept.items()}
+    assert kept == {"w0": [0.0, 0.0], "partial": [1.0, 1.0]}  # w0 and its partial, kept for late joiners
     assert method.subscribers(3) == set()  # nobody chose this node yet
-    method.on_choices("a", ["me", "b"])
-    method.on_choices("c", ["d"])
+    method.on_note("choices", "a", 2, {"me": 0.5, "b": 0.1})
+    method.on_note("choices", "c", 2, {"d": 0.3})
     assert method.subscribers(3) == {"a"}
-    method.on_choices("a", ["b"])  # a changed its mind
+    method.on_note("choices", "a", 3, {"b": 0.2})  # a changed its mind
     assert method.subscribers(3) == set()
     await method.before_round(3)  # once chosen, nothing more happens before a round
     assert len(node.sent) == 1 and len(node.announced) == 1
@@ -91,23 +109,24 @@ async def test_warm_up_averages_with_everyone_then_the_influence_phase_chooses_t
 
 async def test_only_live_chosen_peers_count_and_a_reappearing_peer_is_told_the_choice_again() -> None:
     node = FakeNode("me", list(SCORES), SCORES, {})
-    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=0))
+    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=0))
     await method.before_round(0)
-    method.on_choices("b", ["me"])
+    method.on_note("choices", "b", 0, {"me": 1.0})
     node.peers = ["b", "c"]  # a has died
     assert method.sources(1) == {"b"} and method.subscribers(1) == {"b"}
-    await method.on_peer_change("a")
+    await method.on_peer_back("a")
     assert node.announced[-1] == (["a", "b"], ["a"])
     state = method.state()
-    again = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=0))
+    again = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=0))
     again.restore(state)
     assert again.state() == state and again.chosen == {"a", "b"} and again.choosers == {"b"}
+    assert again.report() == {"chosen": ["a", "b"]} and PFedLIAP2P(node, PFedLIAConfig()).report() == {"chosen": None}
 
 
 async def test_a_late_joiner_fetches_w0_and_kept_partials_and_chooses_without_a_new_phase() -> None:
     keeps = {"a": {"partial"}, "b": {"w0", "partial"}, "c": {"w0", "partial"}, "d": {"w0", "partial"}}
     node = FakeNode("late", list(SCORES), SCORES, keeps)
-    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=2))
+    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=2))
     await method.before_round(7)
     assert node.fetched[:2] == [("a", "w0"), ("b", "w0")]  # the first peer that keeps w0 gives it
     assert node.loaded is not None and node.trained_partial == 1  # it keeps its own partial for later joiners
@@ -117,7 +136,28 @@ async def test_a_late_joiner_fetches_w0_and_kept_partials_and_chooses_without_a_
 
 async def test_a_late_joiner_that_cannot_fetch_w0_trains_alone() -> None:
     node = FakeNode("late", ["a", "b"], SCORES, {"a": {"partial"}, "b": {"partial"}})
-    method = PFedLIAP2P(node, PFedLIAConfig(warmup_rounds=2))
+    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=2))
     await method.before_round(5)
     assert method.chosen == set() and method.sources(6) == set()
     assert node.loaded is None and node.trained_partial == 0 and node.announced == []
+
+
+async def test_the_lazy_influence_of_partial_models_is_scored_from_the_kept_w0_on_the_nodes_validation_split(
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x_val, y_val = torch.randn(20, 3), torch.randint(0, 2, (20,))
+    w0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    partials = {name: {k: v + 0.1 * (i + 1) for k, v in w0.items()} for i, name in enumerate(["c", "a", "b"])}
+
+    class Judged(FakeNode):
+        async def on_validation(self, judge: Any) -> Any:
+            return judge(model, x_val, y_val, torch.device("cpu"), CLASSIFICATION)
+
+    node = Judged("me", ["a", "b", "c"], {}, {})
+    node.kept["w0"] = w0
+    with torch.no_grad():
+        model.weight.add_(5.0)  # the node's model moved on since w0: the scores are still against w0
+    scores = await PFedLIAP2P(node, PFedLIAConfig()).score(partials)
+    expected = score_peers(model, w0, [partials[n] for n in ["a", "b", "c"]], x_val, y_val, torch.device("cpu"))
+    assert list(scores) == ["a", "b", "c"] and list(scores.values()) == expected

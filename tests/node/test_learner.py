@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from p2pfed.launch.runner import prepare_data
-from p2pfed.learn.checkpoint import save_atomic
 from p2pfed.learn.tasks import Classification
 from p2pfed.learn.train import evaluate, weighted_average
 from p2pfed.methods.base import Method
@@ -62,8 +61,7 @@ def checkpointed(s: Scenario, members: Callable[..., Endpoint], out: Path) -> di
     first = node(s, members, out)
     trained = {k: v + torch.randn_like(v) if v.is_floating_point() else v for k, v in first.current_state().items()}
     first.load_state(trained)
-    first.kept = {"w0": {k: v * 3 for k, v in trained.items()}, "partial": {k: v * 2 for k, v in trained.items()}}
-    save_atomic(first.kept, first.checkpoint_path.with_suffix(".kept"))  # as train_partial writes it
+    first.keep({"w0": {k: v * 3 for k, v in trained.items()}, "partial": {k: v * 2 for k, v in trained.items()}})
     first.method.restore({"chosen": ["n00"], "choosers": ["n00", "n02"], "chosen_scores": {"n00": 0.5}})
     first.checkpoint(4)
     return trained
@@ -79,8 +77,8 @@ async def test_restore_brings_back_the_model_the_choice_and_the_kept_models(
     assert all(torch.equal(again.current_state()[k], trained[k]) for k in trained)
     assert again.method.state() == {"chosen": ["n00"], "choosers": ["n00", "n02"], "chosen_scores": {"n00": 0.5}}
     floats = [k for k in trained if trained[k].is_floating_point()]
-    assert all(torch.equal(again.kept["partial"][k], 2 * trained[k]) for k in floats)
-    assert all(torch.equal(again.kept["w0"][k], 3 * trained[k]) for k in floats)
+    assert all(torch.equal(again.kept_model("partial")[k], 2 * trained[k]) for k in floats)  # type: ignore[index]
+    assert all(torch.equal(again.kept_model("w0")[k], 3 * trained[k]) for k in floats)  # type: ignore[index]
     assert node(s, members, tmp_path / "elsewhere").restore() is None  # nothing to resume from
 
 
@@ -510,15 +508,56 @@ async def test_a_choice_announced_rounds_later_is_taken_and_one_from_far_ahead_i
     heard(n, "n00", rnd=11)
     n.round = 11
 
-    def scores(rnd: int, chosen: list[str]) -> Message:
-        return Message("scores", "n00", round=rnd, body={"peers": chosen, "values": [1.0] * len(chosen)})
+    def choices(rnd: int, chosen: list[str]) -> Message:
+        return Message("note", "n00", round=rnd,
+                       body={"kind": "choices", "names": chosen, "values": [1.0] * len(chosen), "meta": {}})
 
-    await n._on_scores(scores(7, ["n01", "n02"]))
+    await n._on_note(choices(7, ["n01", "n02"]))
     assert n.method.choosers == {"n00"}  # n01 now sends its models to n00
     assert ("choices", 7) not in n.inbox  # nothing kept for a round that will not be collected again
     with pytest.raises(WireError, match=r"beyond this node.s rounds 11\.\.19"):
-        await n._on_scores(scores(20, ["n02"]))
+        await n._on_note(choices(20, ["n02"]))
     assert n.method.choosers == {"n00"}
+
+
+def note(sender: str, kind: str, names: list[str], values: list[float], rnd: int = 0) -> Message:
+    return Message("note", sender, round=rnd, body={"kind": kind, "names": names, "values": values, "meta": {}})
+
+
+async def test_a_note_of_this_round_is_routed_to_the_method_and_kept_for_collect(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = node(scenario(tmp_path), members, tmp_path)
+    heard(n, "n00")
+    heard(n, "n02")
+    await n._on_note(note("n00", "choices", ["n01"], [0.25]))
+    await n._on_note(note("n02", "choices", ["n00"], [0.5], rnd=1))
+    assert n.method.choosers == {"n00"}
+    assert n.inbox[("choices", 0)] == {"n00": {"names": ["n01"], "values": [0.25]}}
+    assert await n.collect("choices", 1, {"n02"}, 1) == {"n02": {"names": ["n00"], "values": [0.5]}}
+
+
+@pytest.mark.parametrize(("sender", "kind", "names", "values", "reason"), [
+    ("n00", "scores", ["n01"], [1.0], "n01 takes no scores note"),
+    ("n00", "choices", ["n01", "n02"], [1.0], "choices: names and values differ in length"),
+    ("n09", "choices", ["n01"], [1.0], "n09 is not a member n01 knows"),
+])
+async def test_a_note_the_method_does_not_take_or_that_does_not_add_up_is_refused(
+        tmp_path: Path, members: Callable[..., Endpoint], sender: str, kind: str, names: list[str],
+        values: list[float], reason: str) -> None:
+    n = node(scenario(tmp_path), members, tmp_path)
+    heard(n, "n00")
+    with pytest.raises(WireError, match=reason):
+        await n._on_note(note(sender, kind, names, values))
+    assert n.method.choosers == set() and n.inbox == {}
+
+
+async def test_a_method_that_takes_no_notes_refuses_every_note(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    heard(n, "n00")
+    with pytest.raises(WireError, match="n01 takes no choices note"):
+        await n._on_note(note("n00", "choices", ["n01"], [1.0]))
+    assert n.inbox == {}
 
 
 async def test_a_node_waiting_to_start_is_at_its_start_round_and_takes_that_rounds_models(

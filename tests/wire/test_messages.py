@@ -82,7 +82,7 @@ def test_every_message_type_checks_its_body() -> None:
     for mtype, body in [("heartbeat", {**identity, "heartbeat": math.nan}),
                         ("heartbeat", {**identity, "round": 1.5}),
                         ("model", {"kind": "model", "samples": 3, "meta": {"lr": math.inf}}),
-                        ("scores", {"peers": ["a"], "values": [math.nan], "meta": {}}),
+                        ("note", {"kind": "scores", "names": ["a"], "values": [math.nan], "meta": {}}),
                         ("ack", {"ref": "x", "ok": 1, "reason": ""})]:
         with pytest.raises(SchemaError):
             check_body(mtype, body)

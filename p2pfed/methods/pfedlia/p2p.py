@@ -9,16 +9,22 @@ splits the scores with 2-means (see influence/selection.py for the cases the pap
 tells all peers whom it chose. From then on a node averages only with the peers it chose and sends its
 model to the peers that chose it. A node that joins later fetches w0 and the partial models its peers
 keep, picks its peers the same way, and starts, without any other node re-clustering.
+
+What it says to its peers: "partial" models (pushed in the influence phase; "w0" and "partial" kept for late
+joiners to fetch) and "choices" notes (the peers a node chose, with their influence).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
+import torch
+
+from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.influence.selection import select_peers
 from p2pfed.methods.base import Method, NodeContext
-from p2pfed.scenario.config import PFedLIAConfig
+from p2pfed.scenario.config import PFedLIAConfig, Scenario
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +33,7 @@ class PFedLIAP2P(Method):
     """Lazy influence, local 2-means peer selection, then FedAvg with the chosen peers."""
 
     name = "pfedlia-p2p"
+    notes: ClassVar[frozenset[str]] = frozenset({"choices"})
 
     def __init__(self, node: NodeContext, options: PFedLIAConfig) -> None:
         super().__init__(node, options)
@@ -34,6 +41,10 @@ class PFedLIAP2P(Method):
         self.chosen: set[str] | None = None  # None until the influence phase ran
         self.choosers: set[str] = set()  # peers that chose this node: they get its model
         self.chosen_scores: dict[str, float] = {}
+
+    @classmethod
+    def options_from(cls, scenario: Scenario) -> PFedLIAConfig:
+        return scenario.pfedlia
 
     def sources(self, rnd: int) -> set[str]:
         if self.chosen is None:
@@ -52,9 +63,10 @@ class PFedLIAP2P(Method):
             return self.chosen is None and rnd == self.cfg.warmup_rounds and sender in self.node.live_peers()
         return super().accepts(kind, sender, rnd)
 
-    def on_choices(self, sender: str, chosen: list[str]) -> None:
-        """A peer announced its choice; if it chose this node, send it this node's models from now on."""
-        if self.node.name in chosen:
+    def on_note(self, kind: str, sender: str, rnd: int, values: dict[str, float]) -> None:
+        """A peer announced its choice ("choices": the peers it chose, with their influence); if it chose this
+        node, send it this node's models from now on. A choice of a past round still holds."""
+        if self.node.name in values:
             self.choosers.add(sender)
         else:
             self.choosers.discard(sender)
@@ -66,15 +78,15 @@ class PFedLIAP2P(Method):
             await self.join_late()
             return
         peers = set(self.node.live_peers())
-        partial = await self.node.train_partial()
+        partial = await self.train_partial()
         delivered = await self.node.send_model(peers, "partial", partial)
-        received = await self.node.collect("partial", rnd, peers, timeout=None)  # type: ignore[arg-type]
+        received = await self.node.collect("partial", rnd, peers, timeout=None)
         partials = {name: item["state"] for name, item in received.items()}
-        scores = await self.node.score(partials)
+        scores = await self.score(partials)
         await self.choose(scores)
         # Wait for everyone's choice before training, so that each node knows who chose it and sends
         # them its first cluster round's model.
-        await self.node.collect("choices", rnd, peers, timeout=None)  # type: ignore[arg-type]
+        await self.node.collect("choices", rnd, peers, timeout=None)
         log.info("%s: lazy influence of %d peers (partial model delivered to %d); chose %d: %s", self.node.name,
                  len(scores), delivered, len(self.chosen or ()), ", ".join(sorted(self.chosen or ())))
 
@@ -96,11 +108,28 @@ class PFedLIAP2P(Method):
             state = await self.node.fetch(peer, "partial")
             if state is not None:
                 partials[peer] = state
-        await self.node.train_partial()  # keeps w0 and this node's partial for later joiners
-        scores = await self.node.score(partials)
+        await self.train_partial()  # keeps w0 and this node's partial for later joiners
+        scores = await self.score(partials)
         await self.choose(scores)
         log.info("%s: joined late; scored %d partial models, chose %s", self.node.name, len(scores),
                  ", ".join(sorted(self.chosen or ())))
+
+    async def train_partial(self) -> dict[str, torch.Tensor]:
+        """This node's partial model: w0 (its current model) trained on a batch of its data. Both are kept for
+        peers that join later."""
+        w0 = self.node.current_state()
+        partial = await self.node.train_copy(w0, self.cfg.lia_batch, self.cfg.lia_epochs, self.cfg.lia_lr)
+        self.node.keep({"w0": w0, "partial": partial})
+        return partial
+
+    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
+        """The lazy influence of each peer's partial model on this node's validation split."""
+        names = sorted(partials)
+        w0 = self.node.kept_model("w0") or self.node.current_state()
+        states = [partials[n] for n in names]
+        values = await self.node.on_validation(
+            lambda model, x_val, y_val, device, task: score_peers(model, w0, states, x_val, y_val, device, task=task))
+        return dict(zip(names, values, strict=True))
 
     async def choose(self, scores: dict[str, float]) -> None:
         """Select peers from scores, remember and announce the choice."""
@@ -108,13 +137,16 @@ class PFedLIAP2P(Method):
         self.chosen = set(chosen)
         self.chosen_scores = {p: scores[p] for p in chosen}
         self.node.record("lia", scores=scores, chosen=sorted(chosen))
-        await self.node.announce_choices(self.chosen_scores)
+        await self.node.send_note(self.node.live_peers(), "choices", self.chosen_scores)
 
-    async def on_peer_change(self, peer: str) -> None:
+    async def on_peer_back(self, peer: str) -> None:
         """A peer (re)appeared, e.g. restarted from an older checkpoint: tell it again whom this node chose,
         so it knows to send this node its models."""
         if self.chosen is not None:
-            await self.node.announce_choices(self.chosen_scores, to=[peer])
+            await self.node.send_note([peer], "choices", self.chosen_scores)
+
+    def report(self) -> dict[str, Any]:
+        return {"chosen": sorted(self.chosen) if self.chosen is not None else None}
 
     def state(self) -> dict[str, Any]:
         return {"chosen": sorted(self.chosen) if self.chosen is not None else None,
@@ -125,3 +157,4 @@ class PFedLIAP2P(Method):
         self.chosen = set(chosen) if chosen is not None else None
         self.choosers = set(state.get("choosers", []))
         self.chosen_scores = dict(state.get("chosen_scores", {}))
+
