@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
+import zmq.utils.garbage
 
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.transport import Transport
@@ -84,11 +85,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ``__del__`` would otherwise wait for its sockets at interpreter exit.
     """
     contexts = (zmq.Context, zmq.asyncio.Context)
+    zero_copy = zmq.utils.garbage.gc._context  # pyzmq's own, for zero-copy sends: its thread ends it at exit
     for obj in gc.get_objects():
         if type(obj) is Transport:  # type(): isinstance would wake torch's lazy modules
             with contextlib.suppress(Exception):
                 destroy(obj)
     for obj in gc.get_objects():
-        if type(obj) in contexts and not obj.closed:
+        if type(obj) in contexts and obj is not zero_copy and not obj.closed:
             with contextlib.suppress(Exception):
                 obj.destroy(linger=0)

@@ -121,7 +121,7 @@ def test_a_mesh_learns_through_a_capped_link_killed_members_and_a_healed_partiti
         assert mine[-1]["accuracy"] > 0.7, (i, mine[-1]["accuracy"])
     for i in (2, 3):
         assert "resumed from its checkpoint" in (tmp_path / f"n{i}.log").read_text()
-        assert len([r for r in records(out, i) if r["event"] == "lia"]) == 1  # its choice came back with it
+        assert len([r for r in records(out, i) if r["event"] == "choice"]) == 1  # its choice came back with it
     # the cut-off side went on alone, then trained with the others again once its link returned
     cut = [r for r in records(out, 4) if r["event"] == "round" and cut_at + 10 < r["time"] < healed_at]
     assert cut and max(r["received"] for r in cut) <= 1  # only node 5, on its own host, was heard

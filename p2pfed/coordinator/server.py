@@ -52,15 +52,13 @@ class Coordinator:
         self.seed = scenario.seed
         self.fraction = self.cfg.participation
         self.clusters_hint = scenario.data.clusters
-        self.pfedlia = scenario.pfedlia
-        self.lia_timeout = scenario.central.lia_timeout
         self._shape = (dataset.input_shape, dataset.num_classes)
         self.dataset = dataset
         self._template: nn.Module | None = None
         self.initial = self.build(scenario.seed)  # the seeded initial model every node also builds
         self.true = ({scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
                      if partition is not None else {})
-        self.method = make_server(method, self, scenario.central)
+        self.method = make_server(method, self, scenario)
         self.round = 0
         out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = out_dir / "coordinator.jsonl"
@@ -82,8 +80,8 @@ class Coordinator:
         return self._template.eval()
 
     def indicator_samples(self, per_class: int) -> torch.Tensor:
-        """per_class training inputs of every class, drawn with the scenario's seed (FedDSMIC's
-        server-held indicator samples)."""
+        """per_class training inputs of every class, drawn with the scenario's seed: samples a method's
+        server may hold (its indicator samples)."""
         gen = np.random.default_rng(self.seed + 7919)
         y = self.dataset.y_train.numpy()
         picks = [gen.choice(np.flatnonzero(y == c), size=min(per_class, int((y == c).sum())), replace=False)
@@ -110,23 +108,21 @@ class Coordinator:
         return {n: a for n, a in answers if a is not None}
 
     def _read(self, task: Task, reply: Message) -> Any:
-        """A node's answer to a task, validated: an Update, a score row, or evaluation metrics."""
-        if task.kind in ("train", "partial", "compute"):
+        """A node's answer to a task, validated: an Update, a note's numbers by name, or evaluation metrics."""
+        if task.kind in ("train", "compute"):
             if reply.type != "model" or reply.body["kind"] != "update" or reply.body["samples"] <= 0:
                 raise WireError(f"expected an update, got {reply.type} {reply.body.get('kind', '')}")
             states = unpack(reply.tensors, self.initial)
-            if task.kind == "partial" and len(states) != 1:
-                raise WireError("a partial task is answered with one model")
             meta = reply.body["meta"]
             choice = meta.get("choice", 0)
             if not isinstance(choice, int) or not 0 <= choice < max(1, len(task.candidates)):
                 raise WireError(f"choice {choice!r} is not one of the {len(task.candidates)} candidates")
             return Update(states[0] if states else None, reply.body["samples"], meta, states[1:], aux_of(reply.tensors))
-        if task.kind == "score":
+        if task.kind == "note":
             values = reply.body.get("values", [])
-            if (reply.type != "note" or reply.body["kind"] != "scores" or reply.body["names"] != task.names
-                    or not all(math.isfinite(v) for v in values)):
-                raise WireError("expected one finite score per partial model, in the order sent")
+            if (reply.type != "note" or reply.body["kind"] != "answer" or reply.body["names"] != task.names
+                    or len(values) != len(task.names) or not all(math.isfinite(v) for v in values)):
+                raise WireError("expected one finite number per name of the note task, in the order sent")
             return dict(zip(reply.body["names"], values, strict=True))
         if reply.type != "control" or reply.body["kind"] != "metrics":
             raise WireError(f"expected metrics, got {reply.type}")

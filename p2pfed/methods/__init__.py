@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from p2pfed.config import ConfigError
 from p2pfed.methods.base import Method, NodeContext
@@ -71,16 +70,18 @@ def make_method(name: str, node: NodeContext, scenario: Scenario) -> Method:
     return method(node, method.options_from(scenario))
 
 
-def make_server(name: str, ctx: ServerContext, options: Any) -> ServerMethod:
-    """Instantiate the server side of a coordinated method."""
+def make_server(name: str, ctx: ServerContext, scenario: Scenario) -> ServerMethod:
+    """Instantiate the server side of a coordinated method, with its options from the scenario."""
     if name not in CENTRAL:
         raise ValueError(f"unknown coordinated method {name!r}; choose one of {', '.join(CENTRAL)}")
-    return CENTRAL[name](ctx, options)
+    method = CENTRAL[name]
+    return method(ctx, method.options_from(scenario))
 
 
-def make_client(name: str, node: ClientContext) -> ClientMethod:
-    """Instantiate the node side of a coordinated method."""
+def make_client(name: str, node: ClientContext, scenario: Scenario) -> ClientMethod:
+    """Instantiate the node side of a coordinated method, with its options from the scenario."""
     if name not in CENTRAL:
         raise ValueError(f"unknown coordinated method {name!r}; choose one of {', '.join(CENTRAL)}")
     # The base ClientMethod covers every method whose local step is plain SGD with an optional penalty.
-    return (CENTRAL[name].client or ClientMethod)(node)
+    client = CENTRAL[name].client or ClientMethod
+    return client(node, client.options_from(scenario))

@@ -8,7 +8,8 @@ Strategy has the same shape (configure_fit / aggregate_fit / configure_evaluate)
 
 A task travels as one ``task`` message: its kind, zero or more candidate models (tensors named
 ``"<k>/<parameter>"``), the group of each candidate and a small meta map. The node answers with a
-``model`` message (kind ``update``) or, for scoring, a ``scores`` message. With several candidates
+``model`` message (kind ``update``) or, for a ``note`` task, a ``note``: one number per name the task
+lists (pFedLIA-central's lazy influence of each partial model). With several candidates
 the node takes the one with the lowest loss on its own training data (IFCA's rule, also how CFL and
 FeSEM place a node they know nothing of yet). What the node does with a task is its ClientMethod: the
 base covers plain local training with an optional distance penalty; methods that change local training
@@ -24,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -33,16 +34,21 @@ from p2pfed.learn.tasks import LearningTask
 from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.wire import WireError, check_tensors
 
+if TYPE_CHECKING:
+    from p2pfed.scenario.config import Scenario
+
+T = TypeVar("T")
+
 
 @dataclass
 class Task:
     """What the coordinator asks of a node."""
 
-    kind: str  # train | eval | partial | score | finish
+    kind: str  # train | eval | finish | compute (a method's own step, tensors back) | note (a number per name)
     models: list[dict[str, torch.Tensor]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     groups: list[int] = field(default_factory=list)  # the group of each candidate model
-    names: list[str] = field(default_factory=list)  # score tasks: the node of each partial model
+    names: list[str] = field(default_factory=list)  # note tasks: what the numbers are for (e.g. the node of each model)
     shared: int = 0  # how many leading models are not candidates but shared by all (CAM's global model)
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors that are not models (prototypes)
 
@@ -113,8 +119,6 @@ class ServerContext(Protocol):
     fraction: float
     initial: dict[str, torch.Tensor]  # the shared seeded initial model
     clusters_hint: int  # the scenario's number of clusters, for methods that must be given K
-    pfedlia: Any  # the scenario's [pfedlia] options
-    lia_timeout: float  # deadline of an influence-scoring task (many models to score)
 
     def build(self, seed: int) -> dict[str, torch.Tensor]:
         """A freshly initialised model of the scenario's architecture."""
@@ -130,7 +134,8 @@ class ServerContext(Protocol):
 
     async def ask(self, nodes: list[str], tasks: dict[str, Task], timeout: float | None = None
                   ) -> dict[str, Any]:
-        """Send each node its task; return the replies that came in time (Update, or scores as a dict)."""
+        """Send each node its task; return the replies that came in time (an Update, or a note task's numbers as
+        a dict of name → number)."""
 
 
 class ServerMethod:
@@ -145,6 +150,11 @@ class ServerMethod:
         self.options = options
         self.groups: dict[str, int] = {}
         self.models: dict[int, dict[str, torch.Tensor]] = {}
+
+    @classmethod
+    def options_from(cls, scenario: Scenario) -> Any:
+        """This method's options, taken from the scenario: the [central] table unless it says otherwise."""
+        return scenario.central
 
     # -- the round --------------------------------------------------------------------------------
     async def before_round(self, rnd: int, live: list[str]) -> None:
@@ -259,6 +269,17 @@ class ClientContext(Protocol):
     async def test(self, module: nn.Module) -> Evaluation:
         """Test metrics of any module on the node's test shard."""
 
+    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
+                         ) -> dict[str, torch.Tensor]:
+        """A copy of start trained on the first samples of the node's shard, as the node would send it (a
+        scripted adversary's: start untrained, or noise); the node's own model is unchanged."""
+
+    async def on_validation(self, judge: Callable[..., T]) -> T:
+        """judge(model, x_val, y_val, device, task) in a worker thread, on the node's validation split."""
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Write a metrics record."""
+
 
 class ClientMethod:
     """Node side of a coordinated method: what a node does with a train task.
@@ -268,8 +289,14 @@ class ClientMethod:
     its own model and sends nothing back (local-only).
     """
 
-    def __init__(self, node: ClientContext) -> None:
+    def __init__(self, node: ClientContext, options: Any = None) -> None:
         self.node = node
+        self.options = options
+
+    @classmethod
+    def options_from(cls, scenario: Scenario) -> Any:
+        """The node side's options, taken from the scenario (None: it has none)."""
+        return None
 
     async def train(self, task: Task) -> tuple[Update, int]:
         """Answer a train task: the update and the index of the candidate trained."""
@@ -284,6 +311,10 @@ class ClientMethod:
     async def compute(self, task: Task) -> Update:
         """Answer a compute task: a method's own step that trains nothing (FedFM's local anchors)."""
         raise WireError(f"{type(self).__name__} takes no compute tasks")
+
+    async def note(self, task: Task) -> dict[str, float]:
+        """Answer a note task: a finite number for each name in task.names (pFedLIA-central's scores)."""
+        raise WireError(f"{type(self).__name__} takes no note tasks")
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
         """Answer an eval task: test metrics of the personalised model, and the candidate it is."""

@@ -1,9 +1,9 @@
 """Scripted adversaries (a scenario's ``[[adversaries]]``): nodes that poison their data or their models,
-so a scenario measures what each method does against them (paper 002's lazy influence comes from data
-filtering: a peer whose model raises my validation loss gets a negative score and is not chosen).
+so a scenario measures what each method does against them (a method that scores its peers on its own
+validation data gives a peer whose model raises its validation loss a negative score, and leaves it out).
 
 - ``label-flip``: trains on flipped labels (y → C − 1 − y): data poisoning with well-formed models;
-- ``noise-model``: every model it sends (round models, partial models, what it keeps for late joiners) is
+- ``noise-model``: every model it sends (round models, a method's own kinds, what it keeps for peers) is
   Gaussian noise with each tensor's own scale: model poisoning;
 - ``free-rider``: trains nothing and sends the model it was given back: it takes without contributing.
 

@@ -9,7 +9,10 @@ worker thread, one at a time, while the event loop keeps answering heartbeats.
   model when no candidate comes: local-only), send it back. The node's model is checkpointed after.
 - eval / finish: take the personalised model the coordinator chose (or pick among candidates), evaluate
   it on the node's test shard, record it, report the metrics. finish ends the node.
-- partial / score: pFedLIA's lazy influence phase (train a partial model from w0; score partial models).
+- compute: a method's own step that leaves the node's model as it is (e.g. statistics of the node's data,
+  or a copy of a model trained on a batch): tensors back.
+- note: a number for each name the task lists (e.g. a score of each model the task sends).
+What a task does is the method's node side (methods/central.py: ClientMethod); this node knows no method.
 """
 
 from __future__ import annotations
@@ -22,12 +25,11 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
@@ -56,7 +58,8 @@ from p2pfed.wire import Message, WireError
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-TASKS = ("train", "eval", "finish", "partial", "score", "compute")
+TASKS = ("train", "eval", "finish", "compute", "note")
+T = TypeVar("T")
 
 
 def finite(x: float) -> float | None:
@@ -86,7 +89,7 @@ class CentralNode:
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
         self.reference = state_of(self.model)
         self.method_name = method
-        self.client: ClientMethod | None = make_client(method, self) if method else None
+        self.client: ClientMethod | None = make_client(method, self, scenario) if method else None
         self.coordinator = coordinator
         self.round = 0
         self.send_delay = 0.0  # a scripted slow link: seconds before every answer
@@ -101,7 +104,7 @@ class CentralNode:
 
     # -- what a ClientMethod may use (methods/central.py: ClientContext) -------------------------
     async def pick(self, candidates: list[dict[str, torch.Tensor]]) -> int:
-        """Index of the candidate with the lowest loss on this node's training data (IFCA's rule)."""
+        """Index of the candidate with the lowest loss on this node's training data."""
         def losses() -> list[float]:
             out = []
             for state in candidates:
@@ -143,7 +146,7 @@ class CentralNode:
 
     @property
     def own(self) -> nn.Module:
-        """This node's own model (what local-only, FedProto and FedFomo keep and personalise)."""
+        """This node's own model (what methods that personalise the node's model keep across rounds)."""
         return self.model
 
     async def val_loss(self, module: nn.Module) -> float:
@@ -151,7 +154,7 @@ class CentralNode:
         return (await self._evaluate_on(module, self.data.x_val, self.data.y_val)).loss
 
     async def run_on_train(self, fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
-        """fn(x_train, y_train) in a worker thread (e.g. FedProto's class prototypes)."""
+        """fn(x_train, y_train) in a worker thread (e.g. per-class statistics of the node's data)."""
         return await asyncio.to_thread(fn, self.data.x_train, self.data.y_train)
 
     async def train_loss(self, module: nn.Module) -> float:
@@ -167,6 +170,25 @@ class CentralNode:
         if state is not None:
             self.model.load_state_dict(state)
         return await self._evaluate_on(self.model, self.data.x_test, self.data.y_test)
+
+    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
+                         ) -> dict[str, torch.Tensor]:
+        """A copy of start trained on the first samples of this node's shard, as this node sends it: a scripted
+        free-rider's is start untrained, a noise-model adversary's is noise. The node's model is unchanged.
+        Seeded by the scenario's seed and the node's index."""
+        if self.adversary == "free-rider":
+            copied = dict(start)
+        else:
+            n = min(samples, self.data.samples)
+            copied = await asyncio.to_thread(
+                train_copy, self.model, start, self.data.x_train[:n], self.data.y_train[:n], epochs=epochs,
+                batch_size=self.cfg.batch_size, lr=lr, seed=self.scenario.seed + self.index, device=self.device,
+                task=self.task)
+        return noise_like(copied, self.round_seed) if self.adversary == "noise-model" else copied
+
+    async def on_validation(self, judge: Callable[..., T]) -> T:
+        """judge(model, x_val, y_val, device, task) in a worker thread, on this node's validation split."""
+        return await asyncio.to_thread(judge, self.model, self.data.x_val, self.data.y_val, self.device, self.task)
 
     async def _evaluate_on(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Evaluation:
         return await asyncio.to_thread(evaluate, module, x, y, self.device, task=self.task)
@@ -190,7 +212,7 @@ class CentralNode:
     def _method_for(self, name: str) -> ClientMethod:
         if self.client is None:
             try:
-                self.client = make_client(name, self)
+                self.client = make_client(name, self, self.scenario)
             except ValueError as exc:
                 raise WireError(str(exc)) from None
             self.method_name = name
@@ -228,27 +250,15 @@ class CentralNode:
                 return self.endpoint.message("model", body, pack(states, update.aux))
             if kind in ("eval", "finish"):
                 return await self._evaluate(client, task, final=kind == "finish")
-            if kind == "compute":  # a method's own step (FedFM's anchors): tensors back, no training
+            if kind == "compute":  # a method's own step: tensors back, the node's model unchanged
                 update = await client.compute(task)
                 states = [update.state, *update.extra] if update.state is not None else []
                 return self.endpoint.message("model", {"kind": "update", "samples": self.data.samples,
                                                        "meta": update.meta}, pack(states, update.aux))
-            if not task.models:
-                raise WireError(f"a {kind} task needs the model w0")
-            if kind == "partial":
-                partial = (dict(task.models[0]) if self.adversary == "free-rider" else
-                           await self._partial(task.models[0]))
-                if self.adversary == "noise-model":
-                    partial = noise_like(partial, self.round_seed)
-                return self.endpoint.message("model", {"kind": "update", "samples": self.data.samples, "meta": {}},
-                                             pack([partial]))
-            names = task.names
-            if len(names) != len(task.models) - 1:
-                raise WireError("a score task must name one node per partial model")
-            values = await asyncio.to_thread(score_peers, self.model, task.models[0], task.models[1:],
-                                             self.data.x_val, self.data.y_val, self.device, task=self.task)
-            self.record("scores", peers=names, values=values)
-            return self.endpoint.message("note", {"kind": "scores", "names": names, "values": values, "meta": {}})
+            # note: a number for each name the task lists (e.g. a score of each model it sends)
+            values = await client.note(task)
+            answer = [values[name] for name in task.names]
+            return self.endpoint.message("note", {"kind": "answer", "names": task.names, "values": answer, "meta": {}})
 
     def _as_adversary(self, update: Update, task: Task, choice: int) -> Update:
         """What a scripted adversary sends instead of its honest update: the model it was given back
@@ -259,13 +269,6 @@ class CentralNode:
             return Update(noise_like(update.state, self.round_seed), update.samples, update.meta,
                           [noise_like(m, self.round_seed + 1) for m in update.extra], update.aux)
         return update
-
-    async def _partial(self, w0: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        pf = self.scenario.pfedlia
-        n = min(pf.lia_batch, self.data.samples)
-        return await asyncio.to_thread(train_copy, self.model, w0, self.data.x_train[:n], self.data.y_train[:n],
-                                       epochs=pf.lia_epochs, batch_size=self.cfg.batch_size, lr=pf.lia_lr,
-                                       seed=self.scenario.seed + self.index, device=self.device, task=self.task)
 
     async def _evaluate(self, client: ClientMethod, task: Task, final: bool) -> Message:
         ev, choice = await client.evaluate(task)

@@ -2,7 +2,8 @@
 
 One round, top to bottom (``run_round``): the method's pre-round work → train locally if this node takes
 part → send the model to the method's subscribers → collect the sources' models until they are all in
-(dead peers excused) or the deadline passes → FedAvg by sample count → evaluate → record → checkpoint.
+(dead peers excused) or the deadline passes → average them weighted by sample count → evaluate → record →
+checkpoint.
 Training, scoring and evaluation run in worker threads; the event loop keeps answering heartbeats.
 
 What peers say is checked before it is believed: a model is taken only if its method expects that kind
@@ -71,7 +72,7 @@ class LearningNode:
             self.y_train = flip_labels(self.y_train, dataset.num_classes)
             self.y_val = flip_labels(self.y_val, dataset.num_classes)
         self.true_clusters = {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
-        # Every node starts from the same seeded weights, as FedAvg's shared initial model.
+        # Every node starts from the same seeded weights: the shared initial model that averaging needs.
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
         self.reference = state_of(self.model)
         self.method = make_method(method, self, scenario)
@@ -355,8 +356,9 @@ class LearningNode:
         arrived = await self.collect("model", rnd, expected, self.cfg.round_timeout)
         arrived = {p: v for p, v in arrived.items() if p in counted | self.method.sources(rnd)}
         if arrived:
-            # FedAvg over the models of this round: the ones that arrived, and this node's own if it trained,
-            # so every member of a group ends the round with the group's average (centralized FedAvg's result).
+            # The sample-weighted average of this round's models: the ones that arrived, and this node's own if
+            # it trained, so every member of a group ends the round with the group's average (what a server
+            # averaging the group's models would give).
             members = sorted(arrived)
             states = [arrived[p]["state"] for p in members]
             weights = [float(arrived[p]["samples"]) for p in members]

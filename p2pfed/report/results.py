@@ -24,7 +24,10 @@ from tabulate import tabulate
 from p2pfed.influence.selection import mutual_clusters
 from p2pfed.report.records import read_records
 
-CLUSTERING_METHODS = {"pfedlia-p2p"}
+# What methods record that the report reads, whatever the method: a node's "choice" of peers ("chosen", and
+# the "scores" it chose by, name → number), from which clusters are the mutual choices; a node's score row
+# ("scores": "peers" and "values") for the heatmaps; the coordinator's "assignment" of nodes to groups.
+CHOICE = ("choice", "lia")  # "lia": the name of a choice record in runs made before it had a general one
 
 
 def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, Any]:
@@ -45,12 +48,12 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     accs = sorted(v["accuracy"] for v in honest.values() if v and not math.isnan(v["accuracy"]))
     f1s = [v["macro_f1"] for v in honest.values() if v and not math.isnan(v["macro_f1"])]
     k = max(1, math.ceil(0.05 * len(accs)))
-    choices = {r["node"]: r["chosen"] for r in records if r["event"] == "lia"}
+    choices = {r["node"]: r["chosen"] for r in records if r["event"] in CHOICE}
     ari = nmi = None
     names = partition["nodes"]
     true = dict(zip(names, partition["true_cluster"], strict=True))
     found: dict[str, int] = {}
-    if method_dir.name in CLUSTERING_METHODS and choices:
+    if choices:  # a method whose nodes choose their peers: its clusters are the mutual choices
         found = mutual_clusters(choices)
     elif coordinator and coordinator[-1].get("assignment"):
         found = {n: int(g) for n, g in coordinator[-1]["assignment"].items()}  # the coordinator's last grouping
@@ -58,8 +61,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         members = sorted(n for n in found if n in true)
         ari = float(adjusted_rand_score([true[n] for n in members], [found[n] for n in members]))
         nmi = float(normalized_mutual_info_score([true[n] for n in members], [found[n] for n in members]))
-    excluded = {adv: _excluded_by(adv, choices if method_dir.name in CLUSTERING_METHODS else None, found,
-                                  [n for n in honest if true.get(n, -1) == true.get(adv, -2)])
+    excluded = {adv: _excluded_by(adv, choices, found, [n for n in honest if true.get(n, -1) == true.get(adv, -2)])
                 for adv in adversaries}
     bytes_sent = sum(int(v.get("bytes_sent", 0)) for v in per_node.values() if v)
     bytes_sent += sum(int(r.get("bytes_sent", 0)) for r in coordinator if r["event"] == "final")
@@ -77,7 +79,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "rounds_skipped": sum(int(r["skipped_to"]) - int(r["skipped_from"]) for r in records if r["event"] == "skip"),
         "crashed": run.get("crashed", {}),
         # per adversary: its kind and the share of the honest nodes of its true cluster that keep it out (do not
-        # choose it, or are not clustered with it); None where a method has no such choice (FedAvg, local)
+        # choose it, or are not clustered with it); None where a method has no such choice (one model for all, local)
         "adversaries": {a: {"kind": k, "excluded_by": excluded[a]} for a, k in adversaries.items()},
         # mean accuracy of the honest nodes of each true cluster (what an adversary in that cluster costs them)
         "cluster_accuracy": {str(c): float(np.mean(v)) for c, v in _by_cluster(honest, true).items()},
@@ -94,10 +96,10 @@ def _by_cluster(nodes: dict[str, Any], true: dict[str, int]) -> dict[int, list[f
     return out
 
 
-def _excluded_by(adversary: str, choices: dict[str, list[str]] | None, found: dict[str, int],
+def _excluded_by(adversary: str, choices: dict[str, list[str]], found: dict[str, int],
                  judges: list[str]) -> float | None:
-    """The share of judges (honest nodes) that keep the adversary out: their lazy-influence choice leaves it
-    out (pFedLIA p2p), or the coordinator's clusters put it elsewhere (clustered methods)."""
+    """The share of judges (honest nodes) that keep the adversary out: their choice of peers leaves it out
+    (methods whose nodes choose), or the coordinator's clusters put it elsewhere (clustered methods)."""
     if choices:
         votes = [adversary not in choices[j] for j in judges if j in choices]
     elif found and adversary in found:
@@ -147,7 +149,7 @@ def report_run(run_dir: Path) -> str:
 
 def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> None:
     """accuracy.png (per round per method), clusters.png (cluster sizes per round of the coordinated
-    methods that group nodes), and per pFedLIA method influence and peers heatmaps."""
+    methods that group nodes), and per method whose nodes score each other the scores and peers heatmaps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,26 +179,26 @@ def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> N
     index = {names[i]: pos for pos, i in enumerate(order)}
     for m in methods:
         records = read_records(m)
-        lia = [r for r in records if r["event"] == "lia"]
-        # pfedlia-central: the nodes' score rows; the coordinator's clusters stand in for chosen peers
+        rows = [r for r in records if r["event"] in CHOICE]
+        # score rows of nodes that do not choose: the coordinator's clusters stand in for chosen peers
         final = [r for r in records if r["node"] == "coordinator" and r["event"] == "final"]
         groups = final[-1].get("assignment", {}) if final else {}
-        lia += [{"node": r["node"], "scores": dict(zip(r["peers"], r["values"], strict=True)),
+        rows += [{"node": r["node"], "scores": dict(zip(r["peers"], r["values"], strict=True)),
                  "chosen": [p for p in r["peers"] if p != r["node"] and p in groups and
                             groups.get(p) == groups.get(r["node"])]}
                 for r in records if r["event"] == "scores"]
-        if not lia:
+        if not rows:
             continue
         scores = np.full((len(names), len(names)), np.nan)
         chosen = np.zeros((len(names), len(names)))
-        for r in lia:
+        for r in rows:
             row = index[r["node"]]
             for peer, value in r["scores"].items():
                 scores[row, index[peer]] = value
             for peer in r["chosen"]:
                 chosen[row, index[peer]] = 1
         for title, matrix, fname, cmap in [
-            ("lazy influence: row scores column", scores, "influence", "RdBu"),
+            ("scores: row scores column", scores, "influence", "RdBu"),
             ("peers chosen: row aggregates with column", chosen, "peers", "Greys"),
         ]:
             fig, ax = plt.subplots(figsize=(6, 5.2))

@@ -170,13 +170,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     # learning: a model (or part of one) as tensors, with what it is for and metadata
     "model": {"kind": KIND, "samples": Int(0, 1 << 40), "meta": AnyMap()},
     "request": {"kind": KIND, "meta": AnyMap()},
-    # a method's small message about peers, with no tensors (pFedLIA's choice of peers, a coordinator's score
-    # row): which method kinds a member takes is its method's to say; names and values pair up
+    # a method's small message about peers, with no tensors (a node's choice of peers, a node's scores asked
+    # for by a coordinator): which kinds a member takes is its method's to say; names and values pair up
     "note": {"kind": KIND, "names": Many(NAME_SPEC, MAX_PEERS_LISTED), "values": Many(float, MAX_PEERS_LISTED),
              "meta": AnyMap()},
     "control": {"kind": KIND, "meta": AnyMap()},
     # a coordinator's task for a node (methods/central.py): candidate models travel as tensors named
-    # "<index>/<parameter>"; groups names each candidate's group, names the nodes of scored partial models
+    # "<index>/<parameter>"; groups names each candidate's group, names what a note task's numbers are for
     "task": {"kind": KIND, "method": Text(64), "groups": Many(Int(-1, 1 << 20), MAX_LIST),
              "names": Many(NAME_SPEC, MAX_LIST), "meta": AnyMap()},
 }

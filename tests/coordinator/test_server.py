@@ -113,18 +113,22 @@ def update(coordinator: Coordinator, models: int = 1, samples: int = 5, kind: st
     (Task("train"), lambda c: update(c, samples=0), "expected an update"),
     (Task("train"), lambda c: Message("ack", "n00", body={"ref": "x", "ok": True, "reason": ""}),
      "expected an update, got ack"),
-    (Task("partial"), lambda c: update(c, models=2), "a partial task is answered with one model"),
+    (Task("compute"), lambda c: Message("control", "n00", body={"kind": "metrics", "meta": {}}),
+     "expected an update, got control"),
     (Task("train", models=[{}, {}]), lambda c: update(c, choice=2), "choice 2 is not one of the 2 candidates"),
     (Task("train", models=[{}, {}]), lambda c: update(c, choice="0"), "choice '0' is not one of"),
     (Task("train"), lambda c: Message("model", "n00", body={"kind": "update", "samples": 5, "meta": {}},
                                       tensors={"0/nope": torch.zeros(1)}), "local model"),
-    (Task("score", names=["n01", "n02"]), lambda c: Message(
-        "note", "n00", body={"kind": "scores", "names": ["n02", "n01"], "values": [0.1, 0.2], "meta": {}}),
-     "expected one finite score per partial model, in the order sent"),
-    (Task("score", names=["n01"]), lambda c: update(c), "expected one finite score"),
-    (Task("score", names=["n01"]), lambda c: Message(
+    (Task("note", names=["n01", "n02"]), lambda c: Message(
+        "note", "n00", body={"kind": "answer", "names": ["n02", "n01"], "values": [0.1, 0.2], "meta": {}}),
+     "expected one finite number per name of the note task, in the order sent"),
+    (Task("note", names=["n01", "n02"]), lambda c: Message(
+        "note", "n00", body={"kind": "answer", "names": ["n01", "n02"], "values": [0.1], "meta": {}}),
+     "expected one finite number per name"),
+    (Task("note", names=["n01"]), lambda c: update(c), "expected one finite number per name"),
+    (Task("note", names=["n01"]), lambda c: Message(
         "note", "n00", body={"kind": "choices", "names": ["n01"], "values": [0.1], "meta": {}}),
-     "expected one finite score"),
+     "expected one finite number per name"),
     (Task("eval"), lambda c: Message("control", "n00", body={"kind": "hello", "meta": {}}),
      "expected metrics, got control"),
     (Task("finish"), lambda c: update(c), "expected metrics, got model"),
@@ -139,6 +143,8 @@ async def test_a_reply_that_does_not_answer_its_task_is_refused(
     good = coordinator._read(Task("train", models=[{}, {}]), update(coordinator, choice=1, train_loss=0.5))
     assert good.samples == 5 and good.meta["choice"] == 1 and good.state is not None
     assert all(torch.equal(good.state[k], v) for k, v in coordinator.initial.items())
+    answer = Message("note", "n00", body={"kind": "answer", "names": ["n02", "n01"], "values": [0.5, -1.0], "meta": {}})
+    assert coordinator._read(Task("note", names=["n02", "n01"]), answer) == {"n02": 0.5, "n01": -1.0}
 
 
 async def test_a_checkpoint_of_another_method_is_refused_not_resumed(tmp_path: Path,

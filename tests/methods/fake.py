@@ -9,18 +9,16 @@ import torch
 from torch import nn
 
 from p2pfed.methods.central import Task
-from p2pfed.scenario.config import CentralConfig, PFedLIAConfig
+from p2pfed.scenario.config import CentralConfig
 
 
 class FakeCoordinator:
     """Implements ServerContext; ask() calls answer(node, task) for each node."""
 
-    def __init__(self, answer: Callable[[str, Task], Any], dim: int = 4, clusters: int = 2, warmup: int = 0) -> None:
+    def __init__(self, answer: Callable[[str, Task], Any], dim: int = 4, clusters: int = 2) -> None:
         self.seed = 0
         self.fraction = 1.0
         self.clusters_hint = clusters
-        self.pfedlia = PFedLIAConfig(warmup_rounds=warmup)
-        self.lia_timeout = 10.0
         self.initial = {"w": torch.zeros(dim)}
         self.answer = answer
         self.asked: list[tuple[str, str]] = []

@@ -4,14 +4,16 @@ points and late joiners go where their own scores say they gain most."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
+import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
 from p2pfed.methods.central import Task, Update
-from p2pfed.methods.pfedlia.central import PFedLIACentralServer, best_cluster, optics_clusters
-from p2pfed.scenario.config import CentralConfig
+from p2pfed.methods.pfedlia.central import CentralOptions, PFedLIACentralServer, best_cluster, optics_clusters
+from p2pfed.scenario.config import CentralConfig, PFedLIAConfig
 from tests.methods.fake import FakeCoordinator
 
 TRUE = [0] * 4 + [1] * 4 + [2] * 4
@@ -44,13 +46,13 @@ def test_the_influence_phase_through_tasks_and_a_late_joiner() -> None:
 
     def answer(node: str, task: Task) -> object:
         i = int(node[1:])
-        if task.kind == "partial":
+        if task.kind == "compute":
             return Update({"w": torch.full((4,), float(i))}, 10, {})
-        assert task.kind == "score" and len(task.models) == len(task.names) + 1
+        assert task.kind == "note" and len(task.models) == len(task.names) + 1
         return {name: influence(i, int(name[1:]), rng) for name in task.names}
 
-    ctx = FakeCoordinator(answer, warmup=2)
-    method = PFedLIACentralServer(ctx, CentralConfig())
+    ctx = FakeCoordinator(answer)
+    method = PFedLIACentralServer(ctx, CentralOptions(PFedLIAConfig(warmup_rounds=2)))
     asyncio.run(method.before_round(0, NAMES[:-1]))  # warm-up: one FedAvg group
     assert set(method.clusters().values()) == {0}
     asyncio.run(method.before_round(2, NAMES[:-1]))  # round W: partial models, scores, OPTICS
@@ -58,7 +60,7 @@ def test_the_influence_phase_through_tasks_and_a_late_joiner() -> None:
     assert adjusted_rand_score(TRUE[:-1], [found[n] for n in NAMES[:-1]]) == 1.0
     asyncio.run(method.before_round(3, NAMES))  # n11 joins: it scores the kept partial models
     assert method.clusters()["n11"] == found["n08"]
-    assert ("n11", "partial") not in ctx.asked and ("n11", "score") in ctx.asked
+    assert ("n11", "compute") not in ctx.asked and ("n11", "note") in ctx.asked
 
 
 def test_a_pair_too_small_for_optics_still_ends_up_together() -> None:
@@ -68,12 +70,35 @@ def test_a_pair_too_small_for_optics_still_ends_up_together() -> None:
                       for j in range(8)} for i in range(8)}
 
     def answer(node: str, task: Task) -> object:
-        if task.kind == "partial":
+        if task.kind == "compute":
             return Update({"w": torch.zeros(4)}, 10, {})
         return rows[node]
 
-    method = PFedLIACentralServer(FakeCoordinator(answer, warmup=0), CentralConfig())
+    method = PFedLIACentralServer(FakeCoordinator(answer), CentralOptions(PFedLIAConfig(warmup_rounds=0)))
     asyncio.run(method.before_round(0, sorted(rows)))
     found = method.clusters()
     assert adjusted_rand_score(true, [found[f"n{i}"] for i in range(8)]) == 1.0
     assert sorted(method.models) == sorted(set(found.values()))
+
+
+def test_a_node_that_answers_the_partial_step_with_other_than_one_model_is_left_out_of_the_phase(
+        caplog: pytest.LogCaptureFixture) -> None:
+    true = [0, 0, 0, 1, 1, 1]
+    rows = {f"n{i:02d}": {f"n{j:02d}": (1.5 if true[i] == true[j] else -4.0) + 0.01 * ((i * 7 + j * 3) % 5)
+                          for j in range(6)} for i in range(6)}
+
+    def answer(node: str, task: Task) -> object:
+        if task.kind == "compute":
+            state = {"w": torch.zeros(4)}
+            return Update(state, 10, {}, extra=[state]) if node == "n05" else Update(state, 10, {})
+        return {name: rows[node][name] for name in task.names}
+
+    ctx = FakeCoordinator(answer)
+    method = PFedLIACentralServer(ctx, CentralOptions(PFedLIAConfig(warmup_rounds=0)))
+    with caplog.at_level(logging.WARNING, logger="p2pfed.methods.pfedlia.central"):
+        asyncio.run(method.before_round(0, sorted(rows)))
+    assert sorted(method.partials) == ["n00", "n01", "n02", "n03", "n04"]
+    assert all("n05" not in row for row in method.matrix.values())  # nobody scored a model it did not give
+    found = method.clusters()  # it is placed as a late joiner is, by its own scores of the others' models
+    assert found["n05"] == found["n03"] == found["n04"] != found["n00"]
+    assert "pfedlia-central: n05 answered with 2 models, not its partial model; left out" in caplog.messages

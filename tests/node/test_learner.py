@@ -90,7 +90,7 @@ async def test_a_restarted_node_goes_on_after_its_checkpointed_round_without_cho
     await again.run(start_round=1, start_timeout=0.2)  # told to start early (as a restart at round 1 would be)
     mine = records(tmp_path)
     assert [r["round"] for r in mine if r["event"] == "round"] == [5]  # after round 4: not again, not from 1
-    assert not [r for r in mine if r["event"] == "lia"]  # its choice came back: no new peer selection
+    assert not [r for r in mine if r["event"] == "choice"]  # its choice came back: no new peer selection
     assert mine[-1]["event"] == "final" and mine[-1]["chosen"] == ["n00"]
 
 

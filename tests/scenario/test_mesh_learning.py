@@ -88,7 +88,7 @@ def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_
     summary = json.loads((out / "summary.json").read_text())["methods"]["pfedlia-p2p"]
     assert summary["ari"] == 1.0
     assert summary["accuracy"] > 0.9 and summary["nodes_finished"] == 9
-    late = [r for r in records(out, "pfedlia-p2p", "n08") if r["event"] == "lia"]
+    late = [r for r in records(out, "pfedlia-p2p", "n08") if r["event"] == "choice"]
     assert late and set(late[0]["chosen"]) == {"n06", "n07"}  # n08's true cluster mates
     assert min(r["round"] for r in records(out, "pfedlia-p2p", "n08") if r["event"] == "round") >= 5
     # ... and then trains with them: models from its chosen peers arrive in its rounds (a late joiner used to
@@ -100,7 +100,7 @@ def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_
     n01 = records(out, "pfedlia-p2p", "n01")
     assert [r for r in n01 if r["event"] == "final"]
     # ... its choice too: it did not run peer selection again (a node that lost its checkpoint would join late)
-    assert [sorted(r["chosen"]) for r in n01 if r["event"] == "lia"] == [["n00", "n02"]]
+    assert [sorted(r["chosen"]) for r in n01 if r["event"] == "choice"] == [["n00", "n02"]]
     assert "round 6: crash n01" in " ".join(summary["events"])
     assert "slow n04" in " ".join(summary["events"]) and summary["nodes_finished"] == 9
     for key, kind in [("accuracy", float), ("bottom5_accuracy", float), ("macro_f1", float), ("bytes_sent", int),

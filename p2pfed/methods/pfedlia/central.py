@@ -22,18 +22,25 @@ Choices where the paper is silent, and why:
   other end up together, and every node gets the model its own scores say is best for it.
 - A node that joins after the phase scores the kept partial models and is placed by the same rule.
 - The node's own partial model is scored too (the diagonal): it is part of its row's pattern.
+
+The node side (``PFedLIAClient``) answers the phase's two tasks: a ``compute`` task with w0 is answered with
+the node's partial model, a ``note`` task with w0 and the partial models with their lazy influence.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from sklearn.cluster import OPTICS
 
-from p2pfed.methods.central import ServerMethod, Task, Update, keyed, unkeyed
+from p2pfed.influence.lazy_influence import score_peers
+from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, keyed, unkeyed
+from p2pfed.scenario.config import PFedLIAConfig, Scenario
+from p2pfed.wire import WireError
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +64,66 @@ def best_cluster(row: dict[str, float], groups: dict[str, int]) -> int | None:
     return g if best > 0 else None
 
 
+@dataclass(frozen=True)
+class CentralOptions:
+    """pFedLIA-central's options: the influence phase's ([pfedlia]), OPTICS's and the scoring deadline
+    ([central])."""
+
+    lia: PFedLIAConfig = field(default_factory=PFedLIAConfig)
+    optics_min_samples: int = 3
+    optics_xi: float = 0.05
+    lia_timeout: float = 300.0  # every node scores every partial model: longer than a round's task
+
+
+class PFedLIAClient(ClientMethod):
+    """The node side: its partial model (a compute task with w0), and its scores (a note task with w0 and the
+    partial models, named by node)."""
+
+    options: PFedLIAConfig
+
+    @classmethod
+    def options_from(cls, scenario: Scenario) -> PFedLIAConfig:
+        return scenario.pfedlia
+
+    async def compute(self, task: Task) -> Update:
+        if len(task.candidates) != 1:
+            raise WireError("pfedlia: a partial model is trained from one model, w0")
+        cfg = self.options
+        partial = await self.node.train_copy(task.candidates[0], cfg.lia_batch, cfg.lia_epochs, cfg.lia_lr)
+        return Update(partial, 0, {"choice": 0})
+
+    async def note(self, task: Task) -> dict[str, float]:
+        if not task.models or len(task.names) != len(task.models) - 1:
+            raise WireError("pfedlia: a score task is w0 and one named partial model per node")
+        w0, partials = task.models[0], task.models[1:]
+        values = await self.node.on_validation(
+            lambda model, x_val, y_val, device, lt: score_peers(model, w0, partials, x_val, y_val, device, task=lt))
+        self.node.record("scores", peers=task.names, values=values)
+        return dict(zip(task.names, values, strict=True))
+
+
 class PFedLIACentralServer(ServerMethod):
     """Warm-up FedAvg (group 0), influence phase at round W, then FedAvg per OPTICS cluster."""
 
     name = "pfedlia-central"
-    option_keys = ("optics_min_samples", "optics_xi")
+    option_keys = ("optics_min_samples", "optics_xi", "lia_timeout")
+    client = PFedLIAClient
+    options: CentralOptions
 
-    def __init__(self, ctx: Any, options: Any) -> None:
+    def __init__(self, ctx: Any, options: CentralOptions) -> None:
         super().__init__(ctx, options)
         self.partials: dict[str, dict[str, torch.Tensor]] = {}
         self.w0: dict[str, torch.Tensor] | None = None
         self.matrix: dict[str, dict[str, float]] = {}
 
+    @classmethod
+    def options_from(cls, scenario: Scenario) -> CentralOptions:
+        c = scenario.central
+        return CentralOptions(scenario.pfedlia, c.optics_min_samples, c.optics_xi, c.lia_timeout)
+
     @property
     def warmup(self) -> int:
-        return int(self.ctx.pfedlia.warmup_rounds)
+        return self.options.lia.warmup_rounds
 
     def admit(self, node: str) -> None:
         if self.w0 is None:  # warm-up: everyone in one FedAvg group
@@ -88,11 +140,16 @@ class PFedLIACentralServer(ServerMethod):
     async def _influence_phase(self, rnd: int, live: list[str]) -> None:
         self.models.setdefault(0, dict(self.ctx.initial))
         w0 = self.models[0]
-        replies = await self.ctx.ask(live, {n: Task("partial", [w0]) for n in live})
-        self.partials = {n: u.state for n, u in replies.items() if isinstance(u, Update) and u.state is not None}
+        replies = await self.ctx.ask(live, {n: Task("compute", [w0]) for n in live})
+        for n, u in replies.items():
+            if isinstance(u, Update) and (u.state is None or u.extra):
+                log.warning("pfedlia-central: %s answered with %d models, not its partial model; left out", n,
+                            len(u.extra) + (u.state is not None))
+        self.partials = {n: u.state for n, u in replies.items()
+                         if isinstance(u, Update) and u.state is not None and not u.extra}
         names = sorted(self.partials)
-        score_task = Task("score", [w0, *(self.partials[n] for n in names)], names=names)
-        scores = await self.ctx.ask(names, {n: score_task for n in names}, timeout=self.ctx.lia_timeout)
+        score_task = Task("note", [w0, *(self.partials[n] for n in names)], names=names)
+        scores = await self.ctx.ask(names, {n: score_task for n in names}, timeout=self.options.lia_timeout)
         rows = {n: s for n, s in scores.items() if isinstance(s, dict)}
         scorers = sorted(rows)
         if len(scorers) < 2:
@@ -125,8 +182,8 @@ class PFedLIACentralServer(ServerMethod):
 
     async def _place_late(self, nodes: list[str]) -> None:
         names = sorted(self.partials)
-        task = Task("score", [self.w0 or self.ctx.initial, *(self.partials[n] for n in names)], names=names)
-        scores = await self.ctx.ask(nodes, {n: task for n in nodes}, timeout=self.ctx.lia_timeout)
+        task = Task("note", [self.w0 or self.ctx.initial, *(self.partials[n] for n in names)], names=names)
+        scores = await self.ctx.ask(nodes, {n: task for n in nodes}, timeout=self.options.lia_timeout)
         for node, row in scores.items():
             if isinstance(row, dict):
                 self.matrix[node] = row

@@ -136,7 +136,7 @@ class PFedLIAP2P(Method):
         chosen = select_peers(scores, self.cfg.gap)
         self.chosen = set(chosen)
         self.chosen_scores = {p: scores[p] for p in chosen}
-        self.node.record("lia", scores=scores, chosen=sorted(chosen))
+        self.node.record("choice", scores=scores, chosen=sorted(chosen))  # what the report reads
         await self.node.send_note(self.node.live_peers(), "choices", self.chosen_scores)
 
     async def on_peer_back(self, peer: str) -> None:

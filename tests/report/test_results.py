@@ -1,0 +1,69 @@
+"""The report reads what methods record, whatever their names: a node's choice of peers gives the clusters
+(their mutual choices) and says who keeps an adversary out; a coordinator's assignment does the same for the
+clustered methods; score rows give the heatmaps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2pfed.report.records import append_record
+from p2pfed.report.results import summarize_method, write_report
+
+NODES = ["n00", "n01", "n02", "n03"]
+PARTITION = {"nodes": NODES, "true_cluster": [0, 0, 1, 1], "adversaries": {"n03": "noise-model"}}
+
+
+def run_folder(tmp_path: Path, method: str, records: dict[str, list[tuple[str, dict[str, Any]]]]) -> Path:
+    (tmp_path / "partition.json").write_text(json.dumps(PARTITION))
+    folder = tmp_path / method
+    folder.mkdir()
+    for member, lines in records.items():
+        for event, fields in lines:
+            append_record(folder / f"{member}.jsonl", event, member, method, 3, **fields)
+    return folder
+
+
+def final(accuracy: float) -> tuple[str, dict[str, Any]]:
+    return "final", {"accuracy": accuracy, "macro_f1": accuracy, "bytes_sent": 10}
+
+
+@pytest.mark.parametrize("event", ["choice", "lia"])  # lia: a choice as runs made before it had a general name
+def test_a_method_whose_nodes_choose_their_peers_is_clustered_by_their_mutual_choices(
+        tmp_path: Path, event: str) -> None:
+    chosen = {"n00": ["n01"], "n01": ["n00"], "n02": ["n03"], "n03": ["n02"]}
+    folder = run_folder(tmp_path, "any-new-method", {
+        n: [(event, {"chosen": chosen[n], "scores": {p: 1.0 for p in chosen[n]}}), final(0.5 + i / 10)]
+        for i, n in enumerate(NODES)})
+    summary = summarize_method(folder, PARTITION)
+    assert summary["ari"] == 1.0 and summary["nodes_finished"] == 4
+    assert summary["accuracy"] == pytest.approx((0.5 + 0.6 + 0.7) / 3)  # the adversary n03 is not counted
+    assert summary["adversaries"] == {"n03": {"kind": "noise-model", "excluded_by": 0.0}}  # n02 chose it
+
+
+def test_a_clustered_method_is_judged_by_the_coordinators_last_assignment(tmp_path: Path) -> None:
+    assignment = {"n00": 0, "n01": 0, "n02": 1, "n03": 2}
+    folder = run_folder(tmp_path, "another-method", {
+        **{n: [final(0.9)] for n in NODES},
+        "coordinator": [("final", {"assignment": assignment, "bytes_sent": 5})]})
+    summary = summarize_method(folder, PARTITION)
+    assert summary["ari"] == pytest.approx(0.5714285714285715) and summary["bytes_sent"] == 45
+    assert summary["adversaries"]["n03"]["excluded_by"] == 1.0  # n02 is not grouped with it
+
+
+def test_a_method_with_neither_has_no_clusters(tmp_path: Path) -> None:
+    folder = run_folder(tmp_path, "plain", {n: [final(0.9)] for n in NODES})
+    summary = summarize_method(folder, PARTITION)
+    assert summary["ari"] is None and summary["adversaries"]["n03"]["excluded_by"] is None
+
+
+def test_score_rows_and_choices_are_drawn_as_heatmaps(tmp_path: Path) -> None:
+    rows = {n: [("scores", {"peers": NODES, "values": [0.1, -0.2, 0.3, 0.0]}), final(0.8)] for n in NODES}
+    run_folder(tmp_path, "scored", {**rows, "coordinator": [("final", {"assignment": dict.fromkeys(NODES, 0)})]})
+    write_report(tmp_path)
+    assert (tmp_path / "influence-scored.png").stat().st_size > 1000
+    assert (tmp_path / "peers-scored.png").stat().st_size > 1000
+    assert "scored" in (tmp_path / "results.md").read_text()
