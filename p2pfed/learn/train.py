@@ -142,9 +142,11 @@ def distance_penalty(anchor: dict[str, torch.Tensor], coef: float, device: torch
 
 def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                      inner_lr: float, outer_lr: float, seed: int, device: torch.device,
-                     task: LearningTask = CLASSIFICATION) -> float:
+                     task: LearningTask = CLASSIFICATION, independent: bool = False) -> float:
     """First-order MAML local update (paper 000, Algorithm 2, Eq. 15–16): for each mini-batch D,
-    ŵ = w − η∇l(w; D), then w ← w − ε∇l(ŵ; D). Return the last epoch's mean loss at ŵ."""
+    ŵ = w − η∇l(w; D), then w ← w − ε∇l(ŵ; D'), where D' is D, or with independent the next mini-batch of
+    the epoch (Per-FedAvg's independent batches; the first one after the last). Return the last epoch's
+    mean loss at ŵ."""
     if len(y) == 0 or epochs <= 0:
         return float("nan")
     model.to(device).train()
@@ -153,18 +155,19 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     last = 0.0
     for batches in _epochs(len(y), epochs, batch_size, seed, device):
         total = 0.0
-        for idx in batches:
+        for i, idx in enumerate(batches):
             before = [p.detach().clone() for p in params]
             grads = torch.autograd.grad(task.loss(model(x[idx]), y[idx]), params)
             with torch.no_grad():
                 for p, g in zip(params, grads, strict=True):
                     p.sub_(inner_lr * g)  # ŵ, Eq. 15
-            loss = task.loss(model(x[idx]), y[idx])
+            outer = batches[(i + 1) % len(batches)] if independent else idx
+            loss = task.loss(model(x[outer]), y[outer])
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for p, w, g in zip(params, before, grads, strict=True):
                     p.copy_(w - outer_lr * g)  # Eq. 16: the step is taken from w with ŵ's gradient
-            total += float(loss.detach()) * len(idx)
+            total += float(loss.detach()) * len(outer)
         last = total / len(y)
     return last
 

@@ -20,6 +20,7 @@ from p2pfed.methods.fedproto import FedProtoServer
 from p2pfed.methods.fedprox import FedProxServer
 from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.ifca import IFCAServer
+from p2pfed.methods.perfedavg import PerFedAvgServer
 from p2pfed.methods.pfedlia.central import PFedLIACentralServer
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
 from p2pfed.scenario.config import Scenario, load_scenario, source
@@ -28,7 +29,7 @@ REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, 
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     FedAvgServer, FedProxServer, LocalServer, OracleServer, FeSEMServer, IFCAServer, CFLServer,
     PFedLIACentralServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
-    FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer)}
+    FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer)}
 METHODS = (*CENTRAL, *REGISTRY)
 
 
@@ -39,6 +40,14 @@ def check_scenario(scenario: Scenario) -> None:
     if unknown:
         raise ConfigError(f"scenario.methods: {', '.join(repr(m) for m in unknown)} not known; "
                           f"choose among {', '.join(METHODS)}")
+    for name, table in scenario.method_tables.items():
+        method: type[Method] | type[ServerMethod] | None = CENTRAL.get(name) or REGISTRY.get(name)
+        if method is None:
+            raise ConfigError(f"[methods.{name}]: {name!r} is not a known method; choose among {', '.join(METHODS)}")
+        if method.options_type is None and table:
+            raise ConfigError(f"[methods.{name}]: {name} has no table of its own (yet): its options are in the "
+                              f"shared [pfedlia] and [central] tables")
+        method.options_from(scenario)  # fills and checks the table: errors name methods.NAME.KEY
     # methods with K cluster models are those that read central.k
     if (any("k" in CENTRAL[m].option_keys for m in scenario.methods if m in CENTRAL)
             and (scenario.central.k or scenario.data.clusters) > scenario.nodes):
@@ -83,5 +92,5 @@ def make_client(name: str, node: ClientContext, scenario: Scenario) -> ClientMet
     if name not in CENTRAL:
         raise ValueError(f"unknown coordinated method {name!r}; choose one of {', '.join(CENTRAL)}")
     # The base ClientMethod covers every method whose local step is plain SGD with an optional penalty.
-    client = CENTRAL[name].client or ClientMethod
-    return client(node, client.options_from(scenario))
+    method = CENTRAL[name]
+    return (method.client or ClientMethod)(node, method.options_from(scenario))

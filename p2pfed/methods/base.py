@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 
+from p2pfed.methods.options import Options, options_of
+
 if TYPE_CHECKING:
     from p2pfed.scenario.config import Scenario
 
@@ -77,6 +79,7 @@ class Method:
 
     name = "base"
     notes: ClassVar[frozenset[str]] = frozenset()  # the kinds of note this method takes from peers
+    options_type: ClassVar[type[Options] | None] = None  # its own options, the [methods.NAME] table
 
     def __init__(self, node: NodeContext, options: Any = None) -> None:
         self.node = node
@@ -84,8 +87,8 @@ class Method:
 
     @classmethod
     def options_from(cls, scenario: Scenario) -> Any:
-        """This method's options, taken from the scenario (None: it has none)."""
-        return None
+        """This method's options: its [methods.NAME] table if it declares an options type (None: it has none)."""
+        return options_of(cls.options_type, scenario, cls.name) if cls.options_type is not None else None
 
     def sources(self, rnd: int) -> set[str]:
         """Peers whose models this node averages in round rnd."""

@@ -32,6 +32,7 @@ from torch import nn
 
 from p2pfed.learn.tasks import LearningTask
 from p2pfed.learn.train import Evaluation, weighted_average
+from p2pfed.methods.options import Options, options_of
 from p2pfed.wire import WireError, check_tensors
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ class ServerMethod:
 
     name = "base"
     option_keys: tuple[str, ...] = ()  # the [central] options this method reads (for the docs and the check)
+    options_type: type[Options] | None = None  # its own options, the [methods.NAME] table (methods/options.py)
     client: type[ClientMethod] | None = None  # its node side, if not the base ClientMethod
 
     def __init__(self, ctx: ServerContext, options: Any) -> None:
@@ -153,7 +155,10 @@ class ServerMethod:
 
     @classmethod
     def options_from(cls, scenario: Scenario) -> Any:
-        """This method's options, taken from the scenario: the [central] table unless it says otherwise."""
+        """This method's options, for its server side and its node side alike: its [methods.NAME] table if it
+        declares an options type, else the shared [central] table."""
+        if cls.options_type is not None:
+            return options_of(cls.options_type, scenario, cls.name)
         return scenario.central
 
     # -- the round --------------------------------------------------------------------------------
@@ -291,12 +296,7 @@ class ClientMethod:
 
     def __init__(self, node: ClientContext, options: Any = None) -> None:
         self.node = node
-        self.options = options
-
-    @classmethod
-    def options_from(cls, scenario: Scenario) -> Any:
-        """The node side's options, taken from the scenario (None: it has none)."""
-        return None
+        self.options = options  # the method's options, the same object its server side has
 
     async def train(self, task: Task) -> tuple[Update, int]:
         """Answer a train task: the update and the index of the candidate trained."""

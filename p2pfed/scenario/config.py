@@ -136,6 +136,9 @@ class Scenario:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     events: list[Event] = field(default_factory=list)
     adversaries: list[Adversary] = field(default_factory=list)
+    # the [methods.NAME] tables: each a method's own options, read and checked by that method
+    # (methods/options.py); kept here as plain tables, since this module sits below the methods
+    method_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: str = ""
 
     def mesh_name(self, method: str) -> str:
@@ -203,6 +206,10 @@ class Scenario:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"{where}{message}")
+        for name, table in self.method_tables.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{where}methods.{name} must be a table of the method's options, "
+                                  f"[methods.{name}]")
         if self.workers < 1:
             raise ConfigError(f"{where}workers must be at least 1")
         if self.events and self.workers > 1 and not self.processes:
@@ -223,21 +230,29 @@ class Scenario:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Set TABLE.KEY=VALUE overrides (``p2pfed run --set``) in a scenario's TOML data. VALUE is read as a
-    TOML value (10, 0.5, true, ['a', 'b']: quote strings inside lists), else taken as a string; keys are
-    checked when the scenario is validated."""
+    """Set TABLE.KEY=VALUE overrides (``p2pfed run --set``) in a scenario's TOML data, and
+    methods.NAME.KEY=VALUE for a method's own table. VALUE is read as a TOML value (10, 0.5, true, ['a', 'b']:
+    quote strings inside lists), else taken as a string; keys are checked when the scenario is validated."""
     for item in overrides:
         key, sep, value = item.partition("=")
-        table, dot, name = key.strip().partition(".")
-        if not sep or not dot or not name or "." in name:
-            raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE, e.g. data.clusters=10")
-        if table not in SCENARIO_TABLES:
-            raise ConfigError(f"--set {item!r}: unknown table [{table}]; choose one of {', '.join(SCENARIO_TABLES)}")
+        path = key.strip().split(".")
+        depth = 3 if path[0] == "methods" else 2
+        if not sep or len(path) != depth or not all(path):
+            raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE (e.g. data.clusters=10) or "
+                              f"methods.NAME.KEY=VALUE")
+        if path[0] not in (*SCENARIO_TABLES, "methods"):
+            raise ConfigError(f"--set {item!r}: unknown table [{path[0]}]; choose one of "
+                              f"{', '.join(SCENARIO_TABLES)} or methods.NAME")
         try:
             parsed = tomllib.loads(f"v = {value.strip()}")["v"]
         except tomllib.TOMLDecodeError:
             parsed = value.strip()
-        data.setdefault(table, {})[name] = parsed
+        table = data.setdefault(path[0], {})
+        if depth == 3:
+            table = table.setdefault(path[1], {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"--set {item!r}: methods.{path[1]} is not a table")
+        table[path[-1]] = parsed
     return data
 
 
@@ -259,6 +274,8 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
         for key in ("events", "adversaries"):
             if key in data:  # the file's [[events]], [[adversaries]]; --set scenario.KEY=[] replaces them
                 flat.setdefault(key, data.pop(key))
+        if "methods" in data:  # [methods.NAME] tables (scenario.methods, the list, is in [scenario])
+            flat["method_tables"] = data.pop("methods")
         if data:
             raise ConfigError(f"unknown table [{sorted(data)[0]}]")
         scenario = fill(Scenario, flat, "")

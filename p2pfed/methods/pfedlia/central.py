@@ -79,16 +79,12 @@ class PFedLIAClient(ClientMethod):
     """The node side: its partial model (a compute task with w0), and its scores (a note task with w0 and the
     partial models, named by node)."""
 
-    options: PFedLIAConfig
-
-    @classmethod
-    def options_from(cls, scenario: Scenario) -> PFedLIAConfig:
-        return scenario.pfedlia
+    options: CentralOptions
 
     async def compute(self, task: Task) -> Update:
         if len(task.candidates) != 1:
             raise WireError("pfedlia: a partial model is trained from one model, w0")
-        cfg = self.options
+        cfg = self.options.lia
         partial = await self.node.train_copy(task.candidates[0], cfg.lia_batch, cfg.lia_epochs, cfg.lia_lr)
         return Update(partial, 0, {"choice": 0})
 
