@@ -1,0 +1,31 @@
+"""The generic layers name no method: the node, the coordinator, the network, the wire, the launchers and the
+report run every method through the method interfaces (methods/base.py, methods/central.py), so a new method
+touches none of them. A method's name (or pFedLIA's own terms) appearing there is a method's shape leaking in."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from p2pfed.methods import METHODS
+
+ROOT = Path(__file__).resolve().parents[1] / "p2pfed"
+GENERIC = ("node", "coordinator", "net", "wire", "launch", "report")
+# every registered method by name and by its family's spelling (fedavg-p2p → fedavg), and pFedLIA's terms
+FAMILIES = {m.removesuffix("-p2p").removesuffix("-central").removesuffix("-cam") for m in METHODS}
+# ("local", local training, is also a plain word: its p2p form "local-p2p" is checked.)
+TERMS = sorted({*METHODS, *FAMILIES, "pfedlia", "per-fedavg", "lazy influence", "partial model", "w0"} - {"local"})
+PATTERN = re.compile(r"(?<![\w-])(" + "|".join(re.escape(t) for t in TERMS) + r")(?![\w-])", re.IGNORECASE)
+
+
+def test_no_generic_module_names_a_method() -> None:
+    found = [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
+             for package in GENERIC for path in sorted((ROOT / package).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             for match in [PATTERN.search(line)] if match]
+    assert found == [], "\n".join(found)
+
+
+def test_the_check_sees_a_method_name() -> None:
+    assert PATTERN.search("# FedAvg by sample count") and PATTERN.search('CLUSTERING = {"pfedlia-p2p"}')
+    assert not PATTERN.search("weighted_average(states)")  # a word that only contains one is not one
