@@ -79,7 +79,7 @@ def bench_lazy_vs_exact(dataset: str, repeat: int, threshold: float, lazy_epochs
 
     def lazy() -> float:
         p = train_copy(copy.deepcopy(model), w0, x_batch, y_batch, epochs=lazy_epochs, batch_size=32, lr=0.05,
-                          seed=0, device=CPU)
+                       seed=0, device=CPU)
         return validation_loss(model, w0, x_test, y_test, CPU) - validation_loss(model, p, x_test, y_test, CPU)
 
     t_exact = timed(exact, max(1, repeat // 2))

@@ -145,8 +145,8 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
                      task: LearningTask = CLASSIFICATION, independent: bool = False) -> float:
     """First-order MAML local update (paper 000, Algorithm 2, Eq. 15–16): for each mini-batch D,
     ŵ = w − η∇l(w; D), then w ← w − ε∇l(ŵ; D'), where D' is D, or with independent the next mini-batch of
-    the epoch (Per-FedAvg's independent batches; the first one after the last). Return the last epoch's
-    mean loss at ŵ."""
+    the epoch (Per-FedAvg's independent batches; the first one after the last; with one batch, D itself).
+    Return the last epoch's mean loss at ŵ."""
     if len(y) == 0 or epochs <= 0:
         return float("nan")
     model.to(device).train()

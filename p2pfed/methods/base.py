@@ -38,7 +38,8 @@ class NodeContext(Protocol):
 
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
                          ) -> dict[str, torch.Tensor]:
-        """A copy of start trained on the first samples of the node's shard; the node's model is unchanged."""
+        """A copy of start trained on the first samples of the node's shard; the node's model is unchanged. (A
+        scripted free-rider's is start; a noise-model adversary's models become noise as they are sent.)"""
 
     async def on_validation(self, judge: Callable[..., T]) -> T:
         """judge(model, x_val, y_val, device, task) in a worker thread, on the node's validation split."""

@@ -6,7 +6,8 @@ The method comes with the task, so a node needs no ``--method``: the mesh tells 
 worker thread, one at a time, while the event loop keeps answering heartbeats.
 
 - train: take the best-fitting candidate (several: lowest training loss), train it (or the node's own
-  model when no candidate comes: local-only), send it back. The node's model is checkpointed after.
+  model when no candidate comes: a method that keeps models local), send it back. The node's model is
+  checkpointed after.
 - eval / finish: take the personalised model the coordinator chose (or pick among candidates), evaluate
   it on the node's test shard, record it, report the metrics. finish ends the node.
 - compute: a method's own step that leaves the node's model as it is (e.g. statistics of the node's data,
@@ -25,23 +26,20 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
 
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
-from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import (
     Evaluation,
     distance_penalty,
     evaluate,
-    pick_device,
     round_seed,
     state_of,
-    train_copy,
     train_epochs,
 )
 from p2pfed.methods import make_client
@@ -49,9 +47,8 @@ from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unp
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Change
 from p2pfed.net.waits import first_of
-from p2pfed.node.adversary import flip_labels, noise_like
-from p2pfed.node.local_data import local_data
-from p2pfed.report.records import append_record
+from p2pfed.node.adversary import noise_like
+from p2pfed.node.local import LocalNode
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError
 
@@ -59,7 +56,6 @@ log = logging.getLogger(__name__)
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 TASKS = ("train", "eval", "finish", "compute", "note")
-T = TypeVar("T")
 
 
 def finite(x: float) -> float | None:
@@ -67,38 +63,21 @@ def finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-class CentralNode:
+class CentralNode(LocalNode):
     """One node of a coordinated method: its shard, its model, and the answers to the coordinator."""
 
     def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
                  partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None,
                  coordinator: str | None = None) -> None:
-        self.scenario = scenario
-        self.index = index
-        self.name = scenario.node_name(index)
-        self.endpoint = endpoint
-        self.cfg = scenario.train
-        self.device = pick_device(self.cfg.device)
-        self.task = dataset.task
-        self.data = local_data(scenario, index, dataset, partition)
-        self.adversary = scenario.adversary_of(index)  # a scripted adversary of the scenario, None if honest
-        if self.adversary == "label-flip":
-            self.data.y_train = flip_labels(self.data.y_train, dataset.num_classes)
-            self.data.y_val = flip_labels(self.data.y_val, dataset.num_classes)
+        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir)
         self.true_cluster = partition.true_cluster[index]
-        self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
-        self.reference = state_of(self.model)
-        self.method_name = method
         self.client: ClientMethod | None = make_client(method, self, scenario) if method else None
         self.coordinator = coordinator
-        self.round = 0
         self.send_delay = 0.0  # a scripted slow link: seconds before every answer
         self.lock = asyncio.Lock()
         self.finished = asyncio.Event()
         self.final_recorded = False  # the finish task came (the coordinator may leave before finished is set)
         self.coordinator_left = asyncio.Event()
-        self.metrics_path = out_dir / f"{self.name}.jsonl"
-        self.checkpoint_path = (state_dir or out_dir) / f"{self.name}.ckpt"
         endpoint.handlers["task"] = self._on_task
         endpoint.on_change.append(self._on_peer_change)
 
@@ -173,22 +152,9 @@ class CentralNode:
 
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
                          ) -> dict[str, torch.Tensor]:
-        """A copy of start trained on the first samples of this node's shard, as this node sends it: a scripted
-        free-rider's is start untrained, a noise-model adversary's is noise. The node's model is unchanged.
-        Seeded by the scenario's seed and the node's index."""
-        if self.adversary == "free-rider":
-            copied = dict(start)
-        else:
-            n = min(samples, self.data.samples)
-            copied = await asyncio.to_thread(
-                train_copy, self.model, start, self.data.x_train[:n], self.data.y_train[:n], epochs=epochs,
-                batch_size=self.cfg.batch_size, lr=lr, seed=self.scenario.seed + self.index, device=self.device,
-                task=self.task)
+        """LocalNode.train_copy as this node sends it: a noise-model adversary's copy is noise."""
+        copied = await super().train_copy(start, samples, epochs, lr)
         return noise_like(copied, self.round_seed) if self.adversary == "noise-model" else copied
-
-    async def on_validation(self, judge: Callable[..., T]) -> T:
-        """judge(model, x_val, y_val, device, task) in a worker thread, on this node's validation split."""
-        return await asyncio.to_thread(judge, self.model, self.data.x_val, self.data.y_val, self.device, self.task)
 
     async def _evaluate_on(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Evaluation:
         return await asyncio.to_thread(evaluate, module, x, y, self.device, task=self.task)
@@ -305,11 +271,8 @@ class CentralNode:
         async with self.lock:  # let a task in progress end before the sockets close
             pass
 
-    def record(self, event: str, **fields: Any) -> None:
-        append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)
-
     def checkpoint(self) -> None:
-        """The node's own model and round, atomically (the local-only model lives only here)."""
+        """The node's own model and round, atomically (a model that never leaves the node lives only here)."""
         save_atomic({"round": self.round, "model": state_of(self.model)}, self.checkpoint_path)
 
     def restore(self) -> None:

@@ -19,71 +19,48 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
-from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import evaluate, pick_device, round_seed, state_of, train_copy, train_epochs, weighted_average
+from p2pfed.learn.train import evaluate, round_seed, state_of, train_epochs, weighted_average
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, JOINING, SUSPECT, Change
 from p2pfed.net.transport import DeliveryError
 from p2pfed.net.waits import first_of
-from p2pfed.node.adversary import flip_labels, noise_like
-from p2pfed.node.local_data import local_data
-from p2pfed.report.records import append_record
+from p2pfed.node.adversary import noise_like
+from p2pfed.node.local import LocalNode
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError, check_tensors
 from p2pfed.wire.messages import cut
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # How far ahead of this node's round a peer's model may be, and be kept for later: a peer that does not
 # wait for this node (it did not choose it) runs ahead; beyond this, this node catches up instead.
 AHEAD = 8
 
 
-class LearningNode:
+class LearningNode(LocalNode):
     """One node of a scenario: trains its shard and exchanges models through its endpoint."""
 
     def __init__(self, scenario: Scenario, index: int, method: str, dataset: Dataset, partition: Partition,
                  endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None) -> None:
-        self.scenario = scenario
-        self.index = index
-        self.name = scenario.node_name(index)
-        self.endpoint = endpoint
-        self.round = 0
-        self.cfg = scenario.train
-        self.device = pick_device(self.cfg.device)
-        self.task = dataset.task
-        data = local_data(scenario, index, dataset, partition)
-        self.x_train, self.y_train, self.x_val, self.y_val = data.x_train, data.y_train, data.x_val, data.y_val
-        self.x_test, self.y_test, self.samples = data.x_test, data.y_test, data.samples
-        self.adversary = scenario.adversary_of(index)  # a scripted adversary of the scenario, None if honest
-        if self.adversary == "label-flip":
-            self.y_train = flip_labels(self.y_train, dataset.num_classes)
-            self.y_val = flip_labels(self.y_val, dataset.num_classes)
+        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir)
+        self.samples = self.data.samples
         self.true_clusters = {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
-        # Every node starts from the same seeded weights: the shared initial model that averaging needs.
-        self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
-        self.reference = state_of(self.model)
         self.method = make_method(method, self, scenario)
-        self.method_name = method
         self.inbox: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
         self.arrivals = asyncio.Event()
         self.send_delay = 0.0
         self.out_dir = out_dir
-        self.metrics_path = out_dir / f"{self.name}.jsonl"
-        self.checkpoint_path = (state_dir or out_dir) / f"{self.name}.ckpt"
         endpoint.handlers.update({"model": self._on_model, "request": self._on_request, "note": self._on_note})
         endpoint.on_change.append(self._on_peer_change)
         self.background: set[asyncio.Task[None]] = set()
@@ -101,23 +78,6 @@ class LearningNode:
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
-
-    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
-                         ) -> dict[str, torch.Tensor]:
-        """A copy of start trained on the first samples of this node's shard (already shuffled); the node's
-        model is left as it is. Seeded by the scenario's seed and the node's index: the same copy after a
-        restart. A scripted free-rider's copy is start, untrained."""
-        if self.adversary == "free-rider":
-            return {k: v.clone() for k, v in start.items()}
-        n = min(samples, len(self.y_train))
-        return await asyncio.to_thread(train_copy, self.model, start, self.x_train[:n], self.y_train[:n],
-                                       epochs=epochs, batch_size=self.cfg.batch_size, lr=lr,
-                                       seed=self.scenario.seed + self.index, device=self.device, task=self.task)
-
-    async def on_validation(self, judge: Callable[..., T]) -> T:
-        """judge(model, x_val, y_val, device, task) run in a worker thread: a method's look at how models do
-        on this node's validation split (which never leaves the node)."""
-        return await asyncio.to_thread(judge, self.model, self.x_val, self.y_val, self.device, self.task)
 
     def keep(self, models: dict[str, dict[str, torch.Tensor]]) -> None:
         """Keep models by kind, to give any peer that requests that kind (a late joiner); written at once with
@@ -210,9 +170,6 @@ class LearningNode:
 
         return sum(await asyncio.gather(*(one(p) for p in to)))
 
-    def record(self, event: str, **fields: Any) -> None:
-        append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)
-
     # -- handlers (every received message is validated before it is used) ------------------------
     async def _on_model(self, msg: Message) -> Message | None:
         kind = msg.body["kind"]
@@ -258,8 +215,9 @@ class LearningNode:
             raise WireError(f"{self.name} takes no {cut(kind, 40)} note")
         if len(names) != len(values):
             raise WireError(f"{kind}: names and values differ in length")
-        if msg.sender not in self.endpoint.peers.peers:
-            raise WireError(f"{msg.sender} is not a member {self.name} knows")
+        peer = self.endpoint.peers.peers.get(msg.sender)
+        if peer is None or peer.role != "node":
+            raise WireError(f"{msg.sender} is not a learning peer {self.name} knows")
         self._check_window(msg.round, f"a {kind} note for round {msg.round} is")
         # A note of a past round may still matter (a late joiner's choice of peers, or a restarted node's
         # announced again): the method takes it; only the inbox, which serves rounds still to be collected,
@@ -347,7 +305,7 @@ class LearningNode:
             await self.send_model(self.method.subscribers(rnd), "model", self.current_state())  # untrained
         elif took_part:
             train_loss = await asyncio.to_thread(
-                train_epochs, self.model, self.x_train, self.y_train, epochs=self.cfg.epochs,
+                train_epochs, self.model, self.data.x_train, self.data.y_train, epochs=self.cfg.epochs,
                 batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
                 seed=round_seed(seed, self.index, rnd), device=self.device, task=self.task)
             await self.send_model(self.method.subscribers(rnd), "model", self.current_state())
@@ -368,7 +326,8 @@ class LearningNode:
             self.model.load_state_dict(weighted_average(states, weights))
         metrics: dict[str, Any] = {}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd == self.scenario.rounds - 1:
-            ev = await asyncio.to_thread(evaluate, self.model, self.x_test, self.y_test, self.device, task=self.task)
+            ev = await asyncio.to_thread(evaluate, self.model, self.data.x_test, self.data.y_test, self.device,
+                                         task=self.task)
             metrics = {"accuracy": ev.accuracy, "loss": ev.loss, "macro_f1": ev.macro_f1}
         self.record("round", participated=took_part, train_loss=train_loss, sources=len(expected),
                     received=len(arrived), bytes_sent=self.endpoint.transport.bytes_sent, **metrics)
@@ -377,7 +336,7 @@ class LearningNode:
 
     def final_metrics(self) -> dict[str, Any]:
         """Test metrics of the personalised model and the traffic of this node."""
-        ev = evaluate(self.model, self.x_test, self.y_test, self.device, task=self.task)
+        ev = evaluate(self.model, self.data.x_test, self.data.y_test, self.device, task=self.task)
         return {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "loss": ev.loss, "test_samples": ev.samples,
                 "bytes_sent": self.endpoint.transport.bytes_sent, "true_cluster": self.true_cluster_of(self.name),
                 **self.method.report()}

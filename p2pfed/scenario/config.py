@@ -248,6 +248,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         except tomllib.TOMLDecodeError:
             parsed = value.strip()
         table = data.setdefault(path[0], {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"--set {item!r}: {path[0]} in the file is not a table")
         if depth == 3:
             table = table.setdefault(path[1], {})
             if not isinstance(table, dict):
@@ -276,6 +278,9 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
                 flat.setdefault(key, data.pop(key))
         if "methods" in data:  # [methods.NAME] tables (scenario.methods, the list, is in [scenario])
             flat["method_tables"] = data.pop("methods")
+            if not isinstance(flat["method_tables"], dict):
+                raise ConfigError("methods must be [methods.NAME] tables of a method's options (the methods to "
+                                  "run are scenario.methods, in [scenario])")
         if data:
             raise ConfigError(f"unknown table [{sorted(data)[0]}]")
         scenario = fill(Scenario, flat, "")

@@ -155,6 +155,9 @@ IDENTITY = {"address": Address(), "role": OneOf(ROLES), "incarnation": INCARNATI
             "round": ROUND, "heartbeat": Num(MIN_HEARTBEAT, MAX_HEARTBEAT)}
 PEERS = Many(PEER, MAX_PEERS_LISTED)
 KIND = Text(32)
+# a note's number (a score, an influence): bounded so that a method's arithmetic on it (squares, means, a
+# standardised row) stays finite; 1e308 made a coordinator's OPTICS fail on NaN
+NOTE_VALUE = Num(-1e9, 1e9)
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     # membership
@@ -172,7 +175,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "request": {"kind": KIND, "meta": AnyMap()},
     # a method's small message about peers, with no tensors (a node's choice of peers, a node's scores asked
     # for by a coordinator): which kinds a member takes is its method's to say; names and values pair up
-    "note": {"kind": KIND, "names": Many(NAME_SPEC, MAX_PEERS_LISTED), "values": Many(float, MAX_PEERS_LISTED),
+    "note": {"kind": KIND, "names": Many(NAME_SPEC, MAX_PEERS_LISTED), "values": Many(NOTE_VALUE, MAX_PEERS_LISTED),
              "meta": AnyMap()},
     "control": {"kind": KIND, "meta": AnyMap()},
     # a coordinator's task for a node (methods/central.py): candidate models travel as tensors named

@@ -214,7 +214,7 @@ async def test_a_round_averages_the_sources_models_and_its_own_by_sample_count(
                 for k, v in trained.items()}
     assert close(n.current_state(), expected)
     [rec] = [r for r in records(tmp_path) if r["event"] == "round"]
-    ev = evaluate(n.model, n.x_test, n.y_test, n.device)
+    ev = evaluate(n.model, n.data.x_test, n.data.y_test, n.device)
     assert rec["participated"] is True and math.isfinite(rec["train_loss"])
     assert (rec["sources"], rec["received"]) == (2, 2)
     assert rec["bytes_sent"] == n.endpoint.transport.bytes_sent
@@ -539,13 +539,15 @@ async def test_a_note_of_this_round_is_routed_to_the_method_and_kept_for_collect
 @pytest.mark.parametrize(("sender", "kind", "names", "values", "reason"), [
     ("n00", "scores", ["n01"], [1.0], "n01 takes no scores note"),
     ("n00", "choices", ["n01", "n02"], [1.0], "choices: names and values differ in length"),
-    ("n09", "choices", ["n01"], [1.0], "n09 is not a member n01 knows"),
+    ("n09", "choices", ["n01"], [1.0], "n09 is not a learning peer n01 knows"),
+    ("coord", "choices", ["n01"], [1.0], "coord is not a learning peer n01 knows"),
 ])
 async def test_a_note_the_method_does_not_take_or_that_does_not_add_up_is_refused(
         tmp_path: Path, members: Callable[..., Endpoint], sender: str, kind: str, names: list[str],
         values: list[float], reason: str) -> None:
     n = node(scenario(tmp_path), members, tmp_path)
     heard(n, "n00")
+    n.endpoint.peers.heard_from("coord", "tcp://127.0.0.1:9", "coordinator", 1, "", 0)  # a member, not a node
     with pytest.raises(WireError, match=reason):
         await n._on_note(note(sender, kind, names, values))
     assert n.method.choosers == set() and n.inbox == {}

@@ -89,3 +89,18 @@ def test_a_valid_scenario_loads_with_its_settings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"s\.toml: unknown table \[modle\]"):
         path.write_text(BASE + "[modle]\nx = 1\n")
         load_checked(path)
+
+
+@pytest.mark.parametrize(("text", "settings", "message"), [
+    ('methods = ["fedavg"]\n', [], "methods must be [methods.NAME] tables of a method's options (the methods to "
+     "run are scenario.methods, in [scenario])"),
+    ('methods = ["fedavg"]\n', ["methods.perfedavg.inner_lr=0.1"], "methods in the file is not a table"),
+    ("[methods]\nperfedavg = 3\n", [], "methods.perfedavg must be a table of the method's options"),
+])
+def test_a_methods_key_that_is_not_a_table_of_tables_is_named(
+        tmp_path: Path, text: str, settings: list[str], message: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(text + BASE)  # a top-level key before the file's first table
+    with pytest.raises(ConfigError) as caught:
+        load_checked(path, settings)
+    assert message in str(caught.value)

@@ -79,10 +79,13 @@ def test_every_message_type_checks_its_body() -> None:
                 "heartbeat": 1.0}
     check_body("heartbeat", identity)
     check_body("model", {"kind": "model", "samples": 3, "meta": GOOD_META})
+    check_body("note", {"kind": "scores", "names": ["a", "b"], "values": [1e9, -1e9], "meta": {}})
     for mtype, body in [("heartbeat", {**identity, "heartbeat": math.nan}),
                         ("heartbeat", {**identity, "round": 1.5}),
                         ("model", {"kind": "model", "samples": 3, "meta": {"lr": math.inf}}),
                         ("note", {"kind": "scores", "names": ["a"], "values": [math.nan], "meta": {}}),
+                        ("note", {"kind": "scores", "names": ["a"], "values": [1e308], "meta": {}}),
+                        ("note", {"kind": "scores", "names": ["a"], "values": [-1.0000001e9], "meta": {}}),
                         ("ack", {"ref": "x", "ok": 1, "reason": ""})]:
         with pytest.raises(SchemaError):
             check_body(mtype, body)

@@ -1,0 +1,98 @@
+"""What both node kinds share: a scenario's node with its own data, its model, its device and its records.
+
+A learning node (learner.py, peer to peer) and a node under a coordinator (client.py) differ in who steers
+their rounds; the shard they train on, the seeded model they start from, a scripted adversary's data, the
+copy of a model trained on a batch and the look at the validation split are the same, and live here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from p2pfed.learn.datasets import Dataset
+from p2pfed.learn.models import build_model
+from p2pfed.learn.partition import Partition
+from p2pfed.learn.train import pick_device, state_of, train_copy
+from p2pfed.net.endpoint import Endpoint
+from p2pfed.node.adversary import flip_labels
+from p2pfed.report.records import append_record
+from p2pfed.scenario.config import Scenario
+
+T = TypeVar("T")
+
+
+@dataclass
+class LocalData:
+    """The tensors of one node's shard."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def samples(self) -> int:
+        return len(self.y_train)
+
+
+def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Partition) -> LocalData:
+    """Node index's shard (training samples capped at data.max_train when set)."""
+    shard = partition.shards[index]
+    train = shard.train[: scenario.data.max_train] if scenario.data.max_train else shard.train
+    return LocalData(dataset.x_train[train], dataset.y_train[train], dataset.x_train[shard.val],
+                     dataset.y_train[shard.val], dataset.x_test[shard.test], dataset.y_test[shard.test])
+
+
+class LocalNode:
+    """Node index of a scenario: its shard (a label-flip adversary's labels flipped), its model from the
+    scenario's seeded weights (the same on every node: the shared initial model averaging needs), its device
+    and task, its metrics file and its checkpoint's path."""
+
+    def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
+                 partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None) -> None:
+        self.scenario = scenario
+        self.index = index
+        self.name = scenario.node_name(index)
+        self.endpoint = endpoint
+        self.method_name = method
+        self.round = 0
+        self.cfg = scenario.train
+        self.device = pick_device(self.cfg.device)
+        self.task = dataset.task
+        self.data = local_data(scenario, index, dataset, partition)
+        self.adversary = scenario.adversary_of(index)  # a scripted adversary of the scenario, None if honest
+        if self.adversary == "label-flip":
+            self.data.y_train = flip_labels(self.data.y_train, dataset.num_classes)
+            self.data.y_val = flip_labels(self.data.y_val, dataset.num_classes)
+        self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
+        self.reference = state_of(self.model)
+        self.metrics_path = out_dir / f"{self.name}.jsonl"
+        self.checkpoint_path = (state_dir or out_dir) / f"{self.name}.ckpt"
+
+    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
+                         ) -> dict[str, torch.Tensor]:
+        """A copy of start trained on the first samples of this node's shard (already shuffled); the node's
+        model is left as it is. Seeded by the scenario's seed and the node's index: the same copy after a
+        restart. A scripted free-rider's copy is start, untrained."""
+        if self.adversary == "free-rider":
+            return {k: v.clone() for k, v in start.items()}
+        n = min(samples, self.data.samples)
+        return await asyncio.to_thread(train_copy, self.model, start, self.data.x_train[:n], self.data.y_train[:n],
+                                       epochs=epochs, batch_size=self.cfg.batch_size, lr=lr,
+                                       seed=self.scenario.seed + self.index, device=self.device, task=self.task)
+
+    async def on_validation(self, judge: Callable[..., T]) -> T:
+        """judge(model, x_val, y_val, device, task) run in a worker thread: a method's look at how models do
+        on this node's validation split (which never leaves the node)."""
+        return await asyncio.to_thread(judge, self.model, self.data.x_val, self.data.y_val, self.device, self.task)
+
+    def record(self, event: str, **fields: Any) -> None:
+        append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)
