@@ -218,7 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="p2pfed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_member_commands(sub)
+    _add_tool_commands(sub)
+    _add_run_commands(sub)
+    return parser
 
+
+def _add_member_commands(sub: Any) -> None:
+    """bootstrap, node, coordinator: the members of a mesh, one per process."""
     p = sub.add_parser("bootstrap", help="start the rendezvous a mesh grows from")
     _add_member_args(p, join=True)
     p.set_defaults(func=cmd_bootstrap)
@@ -249,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wait until this many nodes are alive before round 0")
     p.set_defaults(func=cmd_coordinator)
 
+
+
+def _add_tool_commands(sub: Any) -> None:
+    """mesh status, keys generate: looking at a mesh and securing one."""
     p = sub.add_parser("mesh", help="look at a running mesh")
     mesh_sub = p.add_subparsers(dest="mesh_command", required=True)
     ps = mesh_sub.add_parser("status", help="print the peers a mesh knows")
@@ -267,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--name", default="node", help="file name of the pair (NAME.key, NAME.key_secret)")
     pk.set_defaults(func=cmd_keys_generate, verbose=0)
 
+
+
+def _add_run_commands(sub: Any) -> None:
+    """run, report: scripted scenarios on this machine and their run folders."""
     p = sub.add_parser("run", help="run a scripted scenario (many nodes on this machine, real sockets)")
     p.add_argument("scenario", help="scenario TOML, e.g. scenarios/quickstart.toml")
     p.add_argument("--out", help="run folder (default: runs/NAME-TIMESTAMP); methods already in it are kept "
@@ -274,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help="run only these of the scenario's methods (comma-separated)")
     p.add_argument("--set", dest="overrides", action="append", metavar="TABLE.KEY=VALUE", default=[],
                    help="change one setting of the scenario, e.g. --set scenario.seed=1 --set data.clusters=10 "
-                        "or --set \"scenario.methods=['ifca']\" (a TOML value; repeatable; the run folder's "
+                        "or --set \"scenario.methods=['ifca']\", or a method's own option: --set "
+                        "methods.perfedavg.inner_lr=0.02 (a TOML value; repeatable; the run folder's "
                         "scenario.toml records the result)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -283,7 +299,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="redraw the table and plots of a run folder")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report, verbose=0)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -153,6 +153,16 @@ def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> N
     import matplotlib
 
     matplotlib.use("Agg")
+    plot_accuracy(run_dir, methods)
+    for m in methods:
+        rows = score_rows(read_records(m))
+        if rows:
+            plot_scores(run_dir, partition, m.name, rows)
+    plot_clusters(run_dir, methods)
+
+
+def plot_accuracy(run_dir: Path, methods: list[Path]) -> None:
+    """accuracy.png: the mean personalised test accuracy per round of each method."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -174,54 +184,59 @@ def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> N
     fig.savefig(run_dir / "accuracy.png", dpi=120)
     plt.close(fig)
 
+
+def score_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each node's scores of its peers and the peers it aggregates with: its choice records, or its score rows
+    with the coordinator's clusters standing in for chosen peers (nodes that do not choose)."""
+    rows = [r for r in records if r["event"] in CHOICE]
+    final = [r for r in records if r["node"] == "coordinator" and r["event"] == "final"]
+    groups = final[-1].get("assignment", {}) if final else {}
+    rows += [{"node": r["node"], "scores": dict(zip(r["peers"], r["values"], strict=True)),
+              "chosen": [p for p in r["peers"] if p != r["node"] and p in groups and
+                         groups.get(p) == groups.get(r["node"])]}
+             for r in records if r["event"] == "scores"]
+    return rows
+
+
+def plot_scores(run_dir: Path, partition: dict[str, Any], method: str, rows: list[dict[str, Any]]) -> None:
+    """influence-METHOD.png (row's score of column) and peers-METHOD.png (row aggregates with column), nodes
+    ordered by true cluster."""
+    import matplotlib.pyplot as plt
+
     names = partition["nodes"]
     order = sorted(range(len(names)), key=lambda i: (partition["true_cluster"][i], i))
     index = {names[i]: pos for pos, i in enumerate(order)}
-    for m in methods:
-        records = read_records(m)
-        rows = [r for r in records if r["event"] in CHOICE]
-        # score rows of nodes that do not choose: the coordinator's clusters stand in for chosen peers
-        final = [r for r in records if r["node"] == "coordinator" and r["event"] == "final"]
-        groups = final[-1].get("assignment", {}) if final else {}
-        rows += [{"node": r["node"], "scores": dict(zip(r["peers"], r["values"], strict=True)),
-                 "chosen": [p for p in r["peers"] if p != r["node"] and p in groups and
-                            groups.get(p) == groups.get(r["node"])]}
-                for r in records if r["event"] == "scores"]
-        if not rows:
-            continue
-        scores = np.full((len(names), len(names)), np.nan)
-        chosen = np.zeros((len(names), len(names)))
-        for r in rows:
-            row = index[r["node"]]
-            for peer, value in r["scores"].items():
-                scores[row, index[peer]] = value
-            for peer in r["chosen"]:
-                chosen[row, index[peer]] = 1
-        for title, matrix, fname, cmap in [
-            ("scores: row scores column", scores, "influence", "RdBu"),
-            ("peers chosen: row aggregates with column", chosen, "peers", "Greys"),
-        ]:
-            fig, ax = plt.subplots(figsize=(6, 5.2))
-            if cmap == "RdBu":
-                lim = float(np.nanmax(np.abs(scores))) if np.isfinite(scores).any() else 1.0
-                im = ax.imshow(matrix, cmap=cmap, vmin=-lim, vmax=lim)
-            else:
-                im = ax.imshow(matrix, cmap=cmap, vmin=0, vmax=1)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-            ticks = [names[i] for i in order]
-            if len(ticks) <= 40:
-                ax.set_xticks(range(len(ticks)), ticks, rotation=90, fontsize=6)
-                ax.set_yticks(range(len(ticks)), ticks, fontsize=6)
-            bounds = np.flatnonzero(np.diff([partition["true_cluster"][i] for i in order])) + 0.5
-            for b in bounds:
-                ax.axhline(b, color="orange", lw=0.8)
-                ax.axvline(b, color="orange", lw=0.8)
-            ax.set_title(f"{m.name}: {title}\n(ordered by true cluster; orange lines separate clusters)", fontsize=9)
-            fig.tight_layout()
-            fig.savefig(run_dir / f"{fname}-{m.name}.png", dpi=120)
-            plt.close(fig)
-
-    plot_clusters(run_dir, methods)
+    scores = np.full((len(names), len(names)), np.nan)
+    chosen = np.zeros((len(names), len(names)))
+    for r in rows:
+        row = index[r["node"]]
+        for peer, value in r["scores"].items():
+            scores[row, index[peer]] = value
+        for peer in r["chosen"]:
+            chosen[row, index[peer]] = 1
+    for title, matrix, fname, cmap in [
+        ("scores: row scores column", scores, "influence", "RdBu"),
+        ("peers chosen: row aggregates with column", chosen, "peers", "Greys"),
+    ]:
+        fig, ax = plt.subplots(figsize=(6, 5.2))
+        if cmap == "RdBu":
+            lim = float(np.nanmax(np.abs(scores))) if np.isfinite(scores).any() else 1.0
+            im = ax.imshow(matrix, cmap=cmap, vmin=-lim, vmax=lim)
+        else:
+            im = ax.imshow(matrix, cmap=cmap, vmin=0, vmax=1)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+        ticks = [names[i] for i in order]
+        if len(ticks) <= 40:
+            ax.set_xticks(range(len(ticks)), ticks, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(ticks)), ticks, fontsize=6)
+        bounds = np.flatnonzero(np.diff([partition["true_cluster"][i] for i in order])) + 0.5
+        for b in bounds:
+            ax.axhline(b, color="orange", lw=0.8)
+            ax.axvline(b, color="orange", lw=0.8)
+        ax.set_title(f"{method}: {title}\n(ordered by true cluster; orange lines separate clusters)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(run_dir / f"{fname}-{method}.png", dpi=120)
+        plt.close(fig)
 
 
 def plot_clusters(run_dir: Path, methods: list[Path]) -> None:

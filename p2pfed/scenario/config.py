@@ -160,8 +160,15 @@ class Scenario:
     def validate(self, where: str = "") -> None:
         """Raise ConfigError naming the key of anything that cannot work (what needs the methods themselves,
         their names and options, is checked by methods.check_scenario: this module is plain data, below them)."""
-        c = self.central
-        checks = [
+        for ok, message in [*self._setting_checks(), *self._shared_option_checks()]:
+            if not ok:
+                raise ConfigError(f"{where}{message}")
+        self._check_scripted(where)
+        self.mesh.validate(f"{where}mesh.")
+
+    def _setting_checks(self) -> list[tuple[bool, str]]:
+        """(holds, what to say if not) for the [scenario], [data] and [train] settings."""
+        return [
             (is_name(self.name), f"scenario.name must be up to 64 letters, digits, '-', '_' or '.' (it names "
              f"the mesh; got {self.name!r})"),
             (self.nodes >= 2, "scenario.nodes must be at least 2"),
@@ -185,6 +192,12 @@ class Scenario:
              "data.dominant_classes must be >= 1, dominant_share in (0, 1], missing_classes >= 0"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
+        ]
+
+    def _shared_option_checks(self) -> list[tuple[bool, str]]:
+        """(holds, what to say if not) for the shared method tables, [pfedlia] and [central]."""
+        c = self.central
+        return [
             (0 <= self.pfedlia.warmup_rounds < self.rounds or not any(m.startswith("pfedlia") for m in self.methods),
              "pfedlia.warmup_rounds must be in [0, rounds)"),
             (self.pfedlia.lia_epochs >= 1 and self.pfedlia.lia_batch >= 1, "pfedlia.lia_* must be positive"),
@@ -203,9 +216,9 @@ class Scenario:
              f"central.cam_warmup ({c.cam_warmup}) must be below scenario.rounds ({self.rounds}): IFCA-CAM's "
              "warm-up rounds would leave none for the cluster models"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"{where}{message}")
+
+    def _check_scripted(self, where: str) -> None:
+        """The [methods.NAME] tables' shape, the workers, the scripted events and adversaries."""
         for name, table in self.method_tables.items():
             if not isinstance(table, dict):
                 raise ConfigError(f"{where}methods.{name} must be a table of the method's options, "
@@ -226,7 +239,6 @@ class Scenario:
                 raise ConfigError(f"{where}events[{i}].action must be one of {', '.join(ACTIONS)}")
             if not 0 <= ev.node < self.nodes or not 0 <= ev.round < self.rounds:
                 raise ConfigError(f"{where}events[{i}] names node {ev.node} / round {ev.round} outside the scenario")
-        self.mesh.validate(f"{where}mesh.")
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
