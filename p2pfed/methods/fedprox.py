@@ -1,19 +1,35 @@
 """FedProx (Li et al., 2020): FedAvg whose local objective adds the proximal term μ/2·||w − w_global||²,
-which keeps heterogeneous clients near the global model. Server side it is FedAvg."""
+which keeps heterogeneous clients near the global model. Server side it is FedAvg. Options:
+``[methods.fedprox]`` ``mu`` (μ, default 0.01; it was ``[central] prox_mu``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from p2pfed.config import ConfigError
 from p2pfed.methods.central import Task
 from p2pfed.methods.fedavg import FedAvgServer
 
 
+@dataclass(frozen=True)
+class FedProxOptions:
+    """FedProx's options, the scenario's [methods.fedprox] table."""
+
+    mu: float = 0.01  # μ of the proximal term
+
+    def validate(self, where: str) -> None:
+        if not self.mu >= 0:
+            raise ConfigError(f"{where}mu must be >= 0 (got {self.mu})")
+
+
 class FedProxServer(FedAvgServer):
-    """FedAvg with μ (``central.prox_mu``) sent with every train task."""
+    """FedAvg with μ sent with every train task (the base node side adds the penalty it names)."""
 
     name = "fedprox"
-    option_keys = ("prox_mu",)
+    options_type = FedProxOptions
+    options: FedProxOptions
 
     def train_task(self, rnd: int, node: str) -> Task:
         task = super().train_task(rnd, node)
-        task.meta["penalty"] = self.options.prox_mu
+        task.meta["penalty"] = self.options.mu
         return task

@@ -22,6 +22,9 @@ from p2pfed.wire.messages import is_name
 ACTIONS = ("join", "leave", "crash", "slow")
 ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/node/adversary.py
 SCENARIO_TABLES = ("scenario", "data", "train", "pfedlia", "central", "mesh")
+# Options that moved from a shared table to their method's own: an old file (or --set) gets told where.
+# (table, key) -> (method, key in its [methods.METHOD] table)
+MOVED = {("central", "prox_mu"): ("fedprox", "mu")}
 
 
 @dataclass
@@ -77,7 +80,6 @@ class CentralConfig:
     """Options of the coordinated methods (methods/central.py and one module per method)."""
 
     k: int = 0  # FeSEM's and IFCA's number of clusters; 0: data.clusters (paper 002 gave FeSEM the true K)
-    prox_mu: float = 0.01  # FedProx's μ
     fesem_lambda: float = 0.01  # FeSEM's λ of Eq. 7 (λ/m folded in)
     cfl_eps1: float = 0.4  # CFL: split when ||mean update|| < ε1 ...
     cfl_eps2: float = 1.6  # ... and max ||update|| > ε2 (the authors' defaults)
@@ -201,7 +203,7 @@ class Scenario:
             (0 <= self.pfedlia.warmup_rounds < self.rounds or not any(m.startswith("pfedlia") for m in self.methods),
              "pfedlia.warmup_rounds must be in [0, rounds)"),
             (self.pfedlia.lia_epochs >= 1 and self.pfedlia.lia_batch >= 1, "pfedlia.lia_* must be positive"),
-            (c.k >= 0 and c.prox_mu >= 0 and c.fesem_lambda >= 0, "central.k, prox_mu and fesem_lambda must be >= 0"),
+            (c.k >= 0 and c.fesem_lambda >= 0, "central.k and fesem_lambda must be >= 0"),
             (c.cfl_eps1 > 0 and c.cfl_eps2 > 0 and c.cfl_min_size >= 1, "central.cfl_* must be positive"),
             (c.optics_min_samples >= 2 and 0 < c.optics_xi < 1, "central.optics_min_samples must be >= 2, "
              "optics_xi in (0, 1)"),
@@ -281,6 +283,11 @@ def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
     """Read and validate a scenario TOML (with TABLE.KEY=VALUE overrides); errors name the file and key."""
     data = apply_overrides(read_toml(path), overrides)
     try:
+        moved = [f"{table}.{key} is now methods.{method}.{new} ([methods.{method}] {new} = ...)"
+                 for (table, key), (method, new) in MOVED.items()
+                 if isinstance(data.get(table), dict) and key in data[table]]
+        if moved:
+            raise ConfigError("; ".join(moved))
         flat = dict(data.pop("scenario", {}))
         for key in SCENARIO_TABLES[1:]:
             if key in data:
