@@ -29,14 +29,14 @@ CPU = torch.device("cpu")
 
 def test_first_order_maml_with_independent_batches_takes_the_outer_gradient_on_the_next_batch() -> None:
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(16, 4, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+    x, y = torch.randn(24, 4, generator=gen), torch.randint(0, 3, (24,), generator=gen)  # three batches
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
     expected = copy.deepcopy(model)
     maml_first_order(model, x, y, epochs=1, batch_size=8, inner_lr=0.3, outer_lr=0.1, seed=5, device=CPU,
                      independent=True)
-    perm = torch.randperm(16, generator=torch.Generator().manual_seed(5))
-    batches = [perm[:8], perm[8:]]
+    perm = torch.randperm(24, generator=torch.Generator().manual_seed(5))
+    batches = [perm[:8], perm[8:16], perm[16:]]
     loss = nn.functional.cross_entropy
     for i, batch in enumerate(batches):  # by hand: ŵ on D, the step from w with ŵ's gradient on D'
         w = [p.detach().clone() for p in expected.parameters()]
@@ -44,7 +44,7 @@ def test_first_order_maml_with_independent_batches_takes_the_outer_gradient_on_t
         with torch.no_grad():
             for p, g in zip(expected.parameters(), grads, strict=True):
                 p.sub_(0.3 * g)
-        other = batches[(i + 1) % 2]
+        other = batches[(i + 1) % 3]  # the next batch, the first after the last
         grads = torch.autograd.grad(loss(expected(x[other]), y[other]), list(expected.parameters()))
         with torch.no_grad():
             for p, w0, g in zip(expected.parameters(), w, grads, strict=True):
