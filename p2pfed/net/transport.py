@@ -468,8 +468,10 @@ class Transport:
             async with asyncio.timeout(timeout):
                 await self.router.send_multipart([routing_id, *frames], copy=False)
             self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
-        except (zmq.ZMQError, TimeoutError) as exc:
+        except zmq.ZMQError as exc:
             log.warning("%s: reply %s to a request could not be sent: %s", self.name, reply.type, exc)
+        except TimeoutError:
+            log.warning("%s: reply %s to a request could not be sent within %g s", self.name, reply.type, timeout)
 
 
 _UNSEEN = "an address closed before it was seen"  # a connection the monitor could not name

@@ -7,6 +7,7 @@ import logging
 import re
 import resource
 import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,7 +130,7 @@ async def test_a_handler_that_fails_answers_with_a_negative_ack_and_the_receiver
     with caplog.at_level(logging.ERROR), pytest.raises(DeliveryError, match=refused):
         await asyncio.wait_for(sender.request(receiver.address, model(), timeout=30), 5)  # at once, not at 30 s
     failed = [r for r in caplog.records if r.getMessage() == "b: handling model from a failed"]
-    assert len(failed) == 1 and failed[0].exc_info is not None  # with the traceback
+    assert len(failed) == 1 and failed[0].exc_info and failed[0].exc_info[0] is RuntimeError  # with the traceback
     assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"] and len(calls) == 2
 
 
@@ -337,6 +338,39 @@ async def test_send_nowait_delivers_a_message_that_wants_no_reply(transports: Ma
     assert sender.send_nowait("tcp://127.0.0.1:1", beat) is False and "tcp://127.0.0.1:1" in sender.dealers
 
 
+class OneSend:
+    """A dealer whose send_multipart gives back a future in a chosen state (what libzmq did with the send)."""
+
+    def __init__(self, error: Exception | None = None, done: bool = True) -> None:
+        self.error, self.done = error, done
+        self.future: asyncio.Future[None] | None = None
+
+    def send_multipart(self, frames: list[object], flags: int = 0, copy: bool = True) -> asyncio.Future[None]:
+        self.future = asyncio.get_running_loop().create_future()
+        if self.error is not None:
+            self.future.set_exception(self.error)
+        elif self.done:
+            self.future.set_result(None)
+        return self.future
+
+
+@pytest.mark.parametrize(("dealer", "logged"), [
+    (OneSend(zmq.ZMQError(zmq.ENOTSOCK)), "a: send to tcp://127.0.0.1:1 failed: "),  # a real failure: said
+    (OneSend(zmq.Again()), ""),  # a full queue (high-water mark): the next heartbeat will do, nothing said
+    (OneSend(done=False), ""),  # the send did not happen at once: cancelled, not left queued
+])
+async def test_a_message_that_cannot_go_at_once_is_dropped_and_counts_nothing(
+        transports: Make, caplog: pytest.LogCaptureFixture, dealer: OneSend, logged: str) -> None:
+    sender = transports("a")
+    sender._dealer = lambda address, key: dealer  # type: ignore[assignment,method-assign,return-value]
+    with caplog.at_level(logging.DEBUG, logger="p2pfed.net.transport"):
+        assert sender.send_nowait("tcp://127.0.0.1:1", heartbeat()) is False
+    assert sender.bytes_sent == 0 and dealer.future is not None and dealer.future.done()
+    assert dealer.future.cancelled() == (not dealer.done)
+    said = [r.getMessage() for r in caplog.records if "send to" in r.getMessage()]
+    assert said == ([logged + str(dealer.error)] if logged else [])
+
+
 async def test_a_keyed_transport_sends_nothing_to_a_peer_whose_key_it_does_not_know(
         transports: Make, tmp_path: Path) -> None:
     security.generate_keys(tmp_path / "a", "a")
@@ -434,6 +468,8 @@ async def test_a_connection_over_its_rate_is_dropped_undecoded_and_logged_once_a
         transports: Make, rogue: zmq.asyncio.Socket, caplog: pytest.LogCaptureFixture) -> None:
     got = Inbox()
     receiver = transports("b", got, options=TransportOptions(rate=10.0))
+    now = [0.0]
+    receiver.refusals.clock = lambda: now[0]  # the log's window: one, then the next
     rogue.connect(receiver.address)
     frames = encode(heartbeat("mallory"))
     with caplog.at_level(logging.WARNING):
@@ -442,8 +478,16 @@ async def test_a_connection_over_its_rate_is_dropped_undecoded_and_logged_once_a
         await wait_until(lambda: len(got) + receiver.dropped == 200, what="all 200 read")
     assert 20 <= len(got) <= 40  # a burst of 2x the rate, and what the rate refills while they are read
     floods = [r.getMessage() for r in caplog.records if "more than 10 a second" in r.getMessage()]
-    assert 1 <= len(floods) <= 5
+    assert len(floods) == 5  # the connection's share of lines in one window
     assert floods[0] == "b: dropping messages from a connection at 127.0.0.1: more than 10 a second"
+    first = receiver.dropped
+    now[0] = 11.0  # the next window: the held lines are counted, by the connection's address
+    with caplog.at_level(logging.WARNING):
+        for _ in range(100):
+            await rogue.send_multipart(frames)
+        await wait_until(lambda: len(got) + receiver.dropped == 300, what="all 300 read")
+    held = f"{first - 5} more refusals of messages from flood:127.0.0.1 in the last 11 s"
+    assert held in [r.getMessage() for r in caplog.records]
 
 
 async def test_closing_a_transport_releases_every_task_and_socket(transports: Make) -> None:
@@ -649,3 +693,84 @@ async def test_a_new_watch_forgets_what_an_earlier_connection_to_the_address_sai
     with pytest.raises(DeliveryError) as unanswered:
         await sender.request(address, model(), timeout=0.5)
     assert str(unanswered.value).endswith("not acknowledged within 0.5s")  # no stale reason
+
+
+class Events:
+    """A socket monitor that reports the given (event, value) pairs, then nothing more."""
+
+    def __init__(self, *events: tuple[int, int]) -> None:
+        self.events = list(events)
+
+    def recv_multipart(self, flags: int = 0) -> asyncio.Future[list[bytes]]:
+        future = asyncio.get_running_loop().create_future()
+        if self.events:
+            future.set_result([struct.pack("=hi", *self.events.pop(0)), b"tcp://127.0.0.1:1"])
+        return future  # after the last event: pending, as a monitor with nothing to say
+
+
+@pytest.mark.parametrize(("event", "said"), [
+    ((zmq.EVENT_CONNECT_RETRIED, 0), ("nothing answers there (connection refused)", False)),
+    ((zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH), (_MISMATCH, True)),
+    ((zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, 0x11), ("the handshake failed (ZMTP protocol error 0x11)", False)),
+    ((zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400), ("it refused this member's key (not in its allow-list)", True)),
+    ((zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0), ("the connection's handshake failed", False)),
+])
+async def test_each_handshake_event_is_said_as_what_it_means_and_whether_it_is_final(
+        transports: Make, event: tuple[int, int], said: tuple[str, bool]) -> None:
+    sender = transports("a")
+    watching = asyncio.ensure_future(sender._watch_handshakes("tcp://127.0.0.1:1", Events(event)))  # type: ignore[arg-type]
+    await wait_until(lambda: "tcp://127.0.0.1:1" in sender.handshakes, what="the event")
+    watching.cancel()
+    assert sender.handshakes["tcp://127.0.0.1:1"] == said
+
+
+class StuckRouter:
+    """A ROUTER whose sends fail with error, or never finish."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+    async def send_multipart(self, frames: list[object], copy: bool = True) -> None:
+        if self.error is not None:
+            raise self.error
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize(("router", "why"), [
+    (StuckRouter(zmq.ZMQError(zmq.EHOSTUNREACH)), ": Host unreachable"),  # the asker's connection is gone
+    (StuckRouter(None), " within 0.05 s"),  # the send never completes (a peer that stopped reading): it ends
+])
+async def test_a_reply_that_cannot_go_is_logged_not_hidden_and_never_waits_past_its_deadline(
+        transports: Make, caplog: pytest.LogCaptureFixture, router: StuckRouter, why: str) -> None:
+    sender = transports("a")
+    real, sender.router = sender.router, router  # type: ignore[assignment]
+    try:
+        with caplog.at_level(logging.WARNING, logger="p2pfed.net.transport"):
+            await asyncio.wait_for(sender.reply(b"id", heartbeat(), timeout=0.05), 5)
+    finally:
+        sender.router = real
+    assert sender.bytes_sent == 0
+    assert [r.getMessage() for r in caplog.records] == [f"a: reply heartbeat to a request could not be sent{why}"]
+
+
+async def test_a_handler_bug_is_logged_within_each_senders_own_budget(
+        transports: Make, caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(msg: Message) -> Message | None:
+        raise RuntimeError("bug")
+
+    sender, receiver, _ = pair(transports, broken)
+    other = transports("c")
+    now = [0.0]
+    receiver.refusals.clock = lambda: now[0]  # one window throughout, then the next
+    with caplog.at_level(logging.ERROR, logger="p2pfed.net.transport"):
+        for who, count in [(sender, 7), (other, 1)]:
+            for _ in range(count):
+                with pytest.raises(DeliveryError, match="RuntimeError"):
+                    await who.request(receiver.address, model(who.name), timeout=5)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.count("b: handling model from a failed") == 5  # a's share in this window
+    assert lines.count("b: handling model from c failed") == 1  # a's bugs do not silence c's
+    now[0] = 11.0
+    with caplog.at_level(logging.WARNING, logger="p2pfed.net.transport"), pytest.raises(DeliveryError):
+        await sender.request(receiver.address, model(), timeout=5)
+    assert "2 more refusals of messages from bug:a in the last 11 s" in [r.getMessage() for r in caplog.records]
