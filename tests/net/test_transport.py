@@ -774,3 +774,95 @@ async def test_a_handler_bug_is_logged_within_each_senders_own_budget(
     with caplog.at_level(logging.WARNING, logger="p2pfed.net.transport"), pytest.raises(DeliveryError):
         await sender.request(receiver.address, model(), timeout=5)
     assert "2 more refusals of messages from bug:a in the last 11 s" in [r.getMessage() for r in caplog.records]
+
+
+async def test_a_message_exactly_at_the_cap_goes_and_one_byte_over_is_refused_before_sending(
+        transports: Make) -> None:
+    msg = model()
+    size = sum(memoryview(f).nbytes for f in encode(msg))
+    receiver = transports("b", Inbox())
+    at_cap = transports("a", options=TransportOptions(max_message_bytes=size))
+    assert (await at_cap.request(receiver.address, msg, timeout=5)).body["ok"]
+    under = transports("c", options=TransportOptions(max_message_bytes=size - 1))
+    with pytest.raises(DeliveryError) as refused:
+        await under.request(receiver.address, msg, timeout=5)
+    assert str(refused.value) == (f"model of {size / 2**20:.1f} MB exceeds max_message_mb (0 MB): a receiver with "
+                                  "the same cap would drop it; raise [mesh] max_message_mb on every member")
+    assert not under.dealers and under.bytes_sent == 0
+
+
+async def test_concurrent_requests_to_one_peer_all_count_as_in_flight(transports: Make) -> None:
+    release = asyncio.Event()
+
+    async def slow(msg: Message) -> Message | None:
+        await release.wait()
+        return None
+
+    sender, receiver, _ = pair(transports, slow)
+    requests = [asyncio.ensure_future(sender.request(receiver.address, model(), timeout=5)) for _ in range(3)]
+    await wait_until(lambda: sender.in_flight.get(receiver.address) == 3, what="three requests in flight")
+    release.set()
+    await asyncio.gather(*requests)
+    assert receiver.address not in sender.in_flight
+
+
+async def test_a_keyed_member_reaches_a_peer_by_the_key_given_with_the_request(
+        transports: Make, tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        security.generate_keys(tmp_path / name, name)
+    (tmp_path / "b" / "allowed" / "a.key").write_bytes((tmp_path / "a" / "a.key").read_bytes())
+    receiver = transports("b", Inbox(), keys=security.load_keys(tmp_path / "b"))
+    sender = transports("a", keys=security.load_keys(tmp_path / "a"))
+    assert receiver.keys is not None
+    reply = await sender.request(receiver.address, model(), timeout=5, server_key=receiver.keys.public)  # first
+    assert reply.body["ok"]
+
+
+async def test_delivery_errors_name_the_message_by_the_first_eight_characters_of_its_id(transports: Make) -> None:
+    sender = transports("a")
+    msg = model()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(DeliveryError) as late:
+        await sender.request(address, msg, timeout=0.2)
+    assert str(late.value).startswith(f"model {msg.id[:8]} to {address} not acknowledged within 0.2s")
+    sender.ctx.destroy(linger=0)  # the context ends under the next send
+    with pytest.raises(DeliveryError) as ended:
+        await sender.request(f"tcp://127.0.0.1:{free_port()}", msg, timeout=1)
+    assert re.match(rf"model {msg.id[:8]} to tcp://127\.0\.0\.1:\d+ failed: ", str(ended.value)), ended.value
+
+
+async def test_a_long_address_is_cut_short_in_the_busy_error(transports: Make) -> None:
+    release = asyncio.Event()
+
+    async def slow(msg: Message) -> Message | None:
+        await release.wait()
+        return None
+
+    sender = transports("a", options=TransportOptions(max_dealers=1))
+    receiver = transports("b", slow)
+    busy = asyncio.ensure_future(sender.request(receiver.address, model(), timeout=5))
+    await wait_until(lambda: sender.in_flight.get(receiver.address) == 1, what="one request in flight")
+    long_address = "tcp://" + "h" * 300 + ":7000"
+    with pytest.raises(DeliveryError) as refused:
+        await sender.request(long_address, model(), timeout=1)
+    assert str(refused.value) == f"1 connections are busy; not opening one to {clip(long_address, 80)}"
+    release.set()
+    await busy
+
+
+async def test_the_idle_connection_to_the_peer_scored_lowest_goes_first_whatever_was_used_last(
+        transports: Make) -> None:
+    sender = transports("a", options=TransportOptions(max_dealers=2))
+    one, two, three = (f"tcp://127.0.0.1:{free_port()}" for _ in range(3))
+    for address in (one, two):
+        sender.send_nowait(address, heartbeat())
+    sender.send_nowait(one, heartbeat())  # one is now the most recently used: LRU alone would close two
+    sender.keep_scores = lambda: {one: 1.0, two: 5.0}  # but one's peer was heard from longest ago
+    sender.send_nowait(three, heartbeat())
+    assert list(sender.dealers) == [two, three]
+
+
+async def test_an_unkeyed_members_messages_carry_no_key(transports: Make) -> None:
+    sender, receiver, got = pair(transports)
+    await sender.request(receiver.address, model(), timeout=5)
+    assert got[0].key == ""
