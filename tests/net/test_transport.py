@@ -11,6 +11,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+import msgpack
 import pytest
 import torch
 import zmq
@@ -322,6 +323,12 @@ async def test_a_request_that_breaks_the_schema_is_refused_at_once_with_the_reas
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(rogue.recv_multipart(), 0.2)
     assert receiver.dropped == 2
+    envelope = msgpack.unpackb(bytes(encode(bad)[0]))
+    envelope["id"] = "not an id!"  # a request whose id cannot be read: nothing to answer it by
+    await rogue.send_multipart([msgpack.packb(envelope), *encode(bad)[1:]])
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(rogue.recv_multipart(), 0.2)
+    assert receiver.dropped == 3
 
 
 async def test_send_nowait_delivers_a_message_that_wants_no_reply(transports: Make) -> None:
