@@ -873,3 +873,34 @@ async def test_an_unkeyed_members_messages_carry_no_key(transports: Make) -> Non
     sender, receiver, got = pair(transports)
     await sender.request(receiver.address, model(), timeout=5)
     assert got[0].key == ""
+
+
+async def test_a_reply_that_comes_after_its_request_gave_up_is_ignored_and_the_connection_goes_on(
+        transports: Make) -> None:
+    slow = [True]
+
+    async def late(msg: Message) -> Message | None:
+        if slow[0]:
+            slow[0] = False
+            await asyncio.sleep(0.3)
+        return None
+
+    sender, receiver, _ = pair(transports, late)
+    with pytest.raises(DeliveryError, match=r"not acknowledged within 0\.1s"):
+        await sender.request(receiver.address, model(), timeout=0.1)
+    await asyncio.sleep(0.4)  # its acknowledgement arrives now, for a request nobody waits for
+    assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"]
+
+
+async def test_a_request_whose_caller_is_cancelled_ends_cancelled_not_failed(transports: Make) -> None:
+    async def silent(msg: Message) -> Message | None:
+        await asyncio.Event().wait()
+        return None
+
+    sender, receiver, _ = pair(transports, silent)
+    waiting = asyncio.ensure_future(sender.request(receiver.address, model(), timeout=5))
+    await wait_until(lambda: sender.pending, what="the request sent")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not sender.pending and not sender.in_flight
