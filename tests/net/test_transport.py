@@ -904,3 +904,37 @@ async def test_a_request_whose_caller_is_cancelled_ends_cancelled_not_failed(tra
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert not sender.pending and not sender.in_flight
+
+
+async def test_broken_replies_that_answer_no_request_are_dropped_and_logged_within_the_peers_budget(
+        transports: Make, caplog: pytest.LogCaptureFixture) -> None:
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    sender = transports("a")
+    now = [0.0]
+    sender.refusals.clock = lambda: now[0]
+    try:
+        waiting = asyncio.ensure_future(sender.request(address, model(), timeout=5))
+        routing_id, *frames = await asyncio.wait_for(router.recv_multipart(), 5)
+        request = decode(frames, DEFAULT_LIMITS)
+        stray = model("b")  # a reply to no request of ours, broken (a NaN parameter)
+        broken = [*encode(stray)[:1], torch.full((5, 5), float("nan")).numpy().tobytes()]
+        with caplog.at_level(logging.WARNING, logger="p2pfed.net.transport"):
+            for _ in range(7):
+                await router.send_multipart([routing_id, *broken])
+            await wait_until(lambda: sender.dropped == 7, what="the broken replies read")
+            now[0] = 11.0
+            await router.send_multipart([routing_id, *broken])
+            await wait_until(lambda: sender.dropped == 8, what="one more")
+            ack = Message("ack", "b", id=request.id, body={"ref": request.id, "ok": True, "reason": ""})
+            await router.send_multipart([routing_id, *encode(ack)])
+            assert (await waiting).body["ok"]  # the connection still reads: the request's real answer came
+        lines = [r.getMessage() for r in caplog.records]
+        assert len([line for line in lines if line.startswith("a: dropped reply from b")]) == 5 + 1
+        assert f"2 more refusals of messages from {address} in the last 11 s" in lines
+    finally:
+        router.close(linger=0)
+        ctx.term()
