@@ -1,13 +1,13 @@
 """FedFomo (Zhang et al., ICLR 2021), a baseline of paper 002: each node personalises by weighing the
 models it downloads by how much they help it.
 
-A participant receives the latest models of M other nodes (``central.fomo_m``), computes for each
+A participant receives the latest models of M other nodes (``[methods.fedfomo] m``), computes for each
 w_j = max(0, (L(θ_i) − L(θ_j)) / ||θ_j − θ_i||) with L its validation loss, normalises the weights,
 moves its own model θ_i ← θ_i + Σ_j w_j (θ_j − θ_i), trains it locally and sends it back with the
 weights. The coordinator keeps every node's latest model and an affinity matrix (the sum of the weights
 node i gave node j) and sends node i the M nodes it has found most useful.
 
-Choices: exploration is ε-greedy (ε = ``central.fomo_epsilon``, 0.3 as in the FedFomo paper's setup,
+Choices: exploration is ε-greedy (ε = ``[methods.fedfomo] epsilon``, 0.3 as in the FedFomo paper's setup,
 no decay), each of the M slots independently picks a random other node with probability ε; the draw
 is seeded by seed, round and node so every run is reproducible. A node that has never sent a model is
 not offered to anyone. Each node is evaluated with its own model.
@@ -18,10 +18,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from p2pfed.config import ConfigError
 from p2pfed.learn.train import state_of
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, flatten, keyed, unkeyed
 
@@ -55,11 +57,26 @@ class FedFomoClient(ClientMethod):
         return Update(state_of(own), 0, {"choice": 0, "train_loss": loss}, aux={"weights": weights}), 0
 
 
+@dataclass(frozen=True)
+class FedFomoOptions:
+    """FedFomo's options, the scenario's [methods.fedfomo] table (once [central] fomo_m and fomo_epsilon)."""
+
+    m: int = 5  # models each node downloads per round
+    epsilon: float = 0.3  # chance that a download slot picks a random node
+
+    def validate(self, where: str) -> None:
+        if self.m < 1:
+            raise ConfigError(f"{where}m must be >= 1 (got {self.m})")
+        if not 0 <= self.epsilon <= 1:
+            raise ConfigError(f"{where}epsilon must be in [0, 1] (got {self.epsilon})")
+
+
 class FedFomoServer(ServerMethod):
     """Latest model per node, an affinity matrix, and the top-M (ε-greedy) downloads for each node."""
 
     name = "fedfomo"
-    option_keys = ("fomo_m", "fomo_epsilon")
+    options_type = FedFomoOptions
+    options: FedFomoOptions
     client = FedFomoClient
 
     def __init__(self, ctx: Any, options: Any) -> None:
@@ -79,9 +96,9 @@ class FedFomoServer(ServerMethod):
         seed = int.from_bytes(hashlib.blake2b(f"{self.ctx.seed}/{rnd}/{node}".encode(), digest_size=8).digest(), "big")
         rng = random.Random(seed)
         chosen: list[str] = []
-        for _ in range(min(self.options.fomo_m, len(others))):
+        for _ in range(min(self.options.m, len(others))):
             rest = [n for n in ranked if n not in chosen]
-            chosen.append(rng.choice(rest) if rng.random() < self.options.fomo_epsilon else rest[0])
+            chosen.append(rng.choice(rest) if rng.random() < self.options.epsilon else rest[0])
         return chosen
 
     def train_task(self, rnd: int, node: str) -> Task:

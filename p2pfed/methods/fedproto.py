@@ -2,7 +2,8 @@
 feature embedding of each class, taken at the input of the model's head), never models.
 
 Each round a participant trains its own model with the loss CE + λ·||f(x) − P̄_y||² (mean over the
-batch, for the classes that have a global prototype; λ is ``central.proto_lambda``), then sends its
+batch, for the classes that have a global prototype; λ is ``[methods.fedproto] lam``, once
+``[central] proto_lambda``), then sends its
 prototypes and per-class sample counts. The coordinator's global prototype of a class is the
 count-weighted mean of the nodes' prototypes of that class. Each node is evaluated with its own model.
 
@@ -14,12 +15,14 @@ this round keeps its prototype.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from p2pfed.config import ConfigError
 from p2pfed.learn.models import features_and_logits
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, keyed, unkeyed
 from p2pfed.methods.class_tables import class_mean, class_prototypes, global_table, head_classes, local_table
@@ -27,12 +30,25 @@ from p2pfed.methods.class_tables import class_mean, class_prototypes, global_tab
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class FedProtoOptions:
+    """FedProto's options, the scenario's [methods.fedproto] table."""
+
+    lam: float = 1.0  # λ on the prototype distance (FL-bench's default)
+
+    def validate(self, where: str) -> None:
+        if not self.lam >= 0:
+            raise ConfigError(f"{where}lam must be >= 0 (got {self.lam})")
+
+
 class FedProtoClient(ClientMethod):
     """Train the node's own model with the prototype term; answer with prototypes and class counts."""
 
+    options: FedProtoOptions
+
     async def train(self, task: Task) -> tuple[Update, int]:
         model = self.node.own
-        lam = float(task.meta.get("proto_lambda", 0.0))
+        lam = self.options.lam
         protos, have = global_table(task.aux, "protos") or (None, None)
 
         def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -56,7 +72,7 @@ class FedProtoServer(ServerMethod):
     """Global prototypes: the count-weighted mean of the nodes' latest prototypes per class."""
 
     name = "fedproto"
-    option_keys = ("proto_lambda",)
+    options_type = FedProtoOptions
     client = FedProtoClient
 
     def __init__(self, ctx: Any, options: Any) -> None:
@@ -68,7 +84,7 @@ class FedProtoServer(ServerMethod):
         self.groups[node] = -1  # no groups: every node keeps its own model
 
     def train_task(self, rnd: int, node: str) -> Task:
-        meta = {"proto_lambda": self.options.proto_lambda, "classes": self.num_classes}
+        meta = {"classes": self.num_classes}
         if not self.protos:
             return Task("train", meta=meta)
         protos, have = self.global_prototypes()

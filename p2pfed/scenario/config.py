@@ -24,7 +24,8 @@ ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2p
 SCENARIO_TABLES = ("scenario", "data", "train", "pfedlia", "central", "mesh")
 # Options that moved from a shared table to their method's own: an old file (or --set) gets told where.
 # (table, key) -> (method, key in its [methods.METHOD] table)
-MOVED = {("central", "prox_mu"): ("fedprox", "mu")}
+MOVED = {("central", "prox_mu"): ("fedprox", "mu"), ("central", "proto_lambda"): ("fedproto", "lam"),
+         ("central", "fomo_m"): ("fedfomo", "m"), ("central", "fomo_epsilon"): ("fedfomo", "epsilon")}
 
 
 @dataclass
@@ -88,9 +89,6 @@ class CentralConfig:
     optics_min_samples: int = 3  # pfedlia-central: OPTICS's min_samples
     optics_xi: float = 0.05  # pfedlia-central: OPTICS's xi
     cam_warmup: int = 5  # CAM: FedAvg rounds before the cluster models join (ifca-cam), local epochs (fesem-cam)
-    proto_lambda: float = 1.0  # FedProto's λ on the prototype distance (FL-bench's default)
-    fomo_m: int = 5  # FedFomo: models each node downloads per round
-    fomo_epsilon: float = 0.3  # FedFomo: chance that a download slot picks a random node
     indicator_per_class: int = 10  # FedDSMIC: server-held indicator samples per class (paper 000's 10)
     maml_inner_lr: float = 0.01  # FedDSMIC: η of the inner step and of the personalisation step
     fedfm_lambda: float = 10.0  # FedFM: λ on the feature matching loss (paper 004's Fig. 8c: 10–100)
@@ -212,8 +210,6 @@ class Scenario:
              "central.fedfm_lambda and fedfm_start must be >= 0, fedfm_temperature > 0, fedfm_every >= 1"),
             (c.indicator_per_class >= 1 and c.maml_inner_lr > 0,
              "central.indicator_per_class must be >= 1 and maml_inner_lr > 0"),
-            (c.proto_lambda >= 0 and c.fomo_m >= 1 and 0 <= c.fomo_epsilon <= 1,
-             "central.proto_lambda must be >= 0, fomo_m >= 1, fomo_epsilon in [0, 1]"),
             ("ifca-cam" not in self.methods or c.cam_warmup < self.rounds,
              f"central.cam_warmup ({c.cam_warmup}) must be below scenario.rounds ({self.rounds}): IFCA-CAM's "
              "warm-up rounds would leave none for the cluster models"),
