@@ -23,7 +23,7 @@ from p2pfed.methods.ifca import IFCAServer
 from p2pfed.methods.perfedavg import PerFedAvgServer
 from p2pfed.methods.pfedlia.central import PFedLIACentralServer
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
-from p2pfed.scenario.config import Scenario, load_scenario, source
+from p2pfed.scenario.config import Moved, Scenario, load_scenario, source
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P)}
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
@@ -31,6 +31,11 @@ CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     PFedLIACentralServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
     FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer)}
 METHODS = (*CENTRAL, *REGISTRY)
+# Where the options that moved from the shared [central] table to a method's own table went (see load_scenario)
+MOVED: Moved = {("central", old): (name, new)
+                for name, options in [*((m, c.options_type) for m, c in CENTRAL.items()),
+                                      *((m, c.options_type) for m, c in REGISTRY.items())]
+                for old, new in getattr(options, "moved", {}).items()}
 
 
 def check_scenario(scenario: Scenario) -> None:
@@ -58,7 +63,7 @@ def check_scenario(scenario: Scenario) -> None:
 def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:
     """A scenario file loaded (load_scenario: its tables and values) and checked against the methods: what a
     launcher runs. Errors name the file, as load_scenario's do."""
-    scenario = load_scenario(path, overrides)
+    scenario = load_scenario(path, overrides, MOVED)
     try:
         check_scenario(scenario)
     except ConfigError as exc:

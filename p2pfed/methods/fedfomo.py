@@ -19,7 +19,7 @@ import hashlib
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -63,6 +63,7 @@ class FedFomoOptions:
 
     m: int = 5  # models each node downloads per round
     epsilon: float = 0.3  # chance that a download slot picks a random node
+    moved: ClassVar[dict[str, str]] = {"fomo_m": "m", "fomo_epsilon": "epsilon"}  # [central] keys they once were
 
     def validate(self, where: str) -> None:
         if self.m < 1:

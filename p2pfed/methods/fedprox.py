@@ -5,6 +5,7 @@ which keeps heterogeneous clients near the global model. Server side it is FedAv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from p2pfed.config import ConfigError
 from p2pfed.methods.central import Task
@@ -16,6 +17,7 @@ class FedProxOptions:
     """FedProx's options, the scenario's [methods.fedprox] table."""
 
     mu: float = 0.01  # μ of the proximal term
+    moved: ClassVar[dict[str, str]] = {"prox_mu": "mu"}  # [central] keys it once was
 
     def validate(self, where: str) -> None:
         if not self.mu >= 0:

@@ -15,7 +15,8 @@ from p2pfed.scenario.config import Scenario
 
 
 class Options(Protocol):
-    """What a method's options dataclass provides besides its fields."""
+    """What a method's options dataclass provides besides its fields (and, optionally, ``moved``: a
+    ClassVar mapping a key it once had in the shared [central] table to its name here)."""
 
     def validate(self, where: str) -> None:
         """Raise ConfigError naming where + the key of a value that cannot work."""

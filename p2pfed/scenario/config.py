@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,9 @@ from p2pfed.wire.messages import is_name
 ACTIONS = ("join", "leave", "crash", "slow")
 ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/node/adversary.py
 SCENARIO_TABLES = ("scenario", "data", "train", "pfedlia", "central", "mesh")
-# Options that moved from a shared table to their method's own: an old file (or --set) gets told where.
-# (table, key) -> (method, key in its [methods.METHOD] table)
-MOVED = {("central", "prox_mu"): ("fedprox", "mu"), ("central", "proto_lambda"): ("fedproto", "lam"),
-         ("central", "fomo_m"): ("fedfomo", "m"), ("central", "fomo_epsilon"): ("fedfomo", "epsilon")}
+# Where an option of a shared table went, (table, key) -> (method, its key in [methods.METHOD]): declared by
+# the methods (their options' ``moved``) and passed in by the launchers' loader, since this module sits below them.
+Moved = Mapping[tuple[str, str], tuple[str, str]]
 
 
 @dataclass
@@ -275,15 +274,16 @@ def write_scenario(data: dict[str, Any], path: Path, header: str) -> None:
     path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + tomli_w.dumps(data))
 
 
-def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
-    """Read and validate a scenario TOML (with TABLE.KEY=VALUE overrides); errors name the file and key."""
+def load_scenario(path: Path, overrides: Sequence[str] = (), moved: Moved | None = None) -> Scenario:
+    """Read and validate a scenario TOML (with TABLE.KEY=VALUE overrides); errors name the file and key, and
+    a key in moved says where it went."""
     data = apply_overrides(read_toml(path), overrides)
     try:
-        moved = [f"{table}.{key} is now methods.{method}.{new} ([methods.{method}] {new} = ...)"
-                 for (table, key), (method, new) in MOVED.items()
-                 if isinstance(data.get(table), dict) and key in data[table]]
-        if moved:
-            raise ConfigError("; ".join(moved))
+        gone = [f"{table}.{key} is now methods.{method}.{new} ([methods.{method}] {new} = ...)"
+                for (table, key), (method, new) in (moved or {}).items()
+                if isinstance(data.get(table), dict) and key in data[table]]
+        if gone:
+            raise ConfigError("; ".join(gone))
         flat = dict(data.pop("scenario", {}))
         for key in SCENARIO_TABLES[1:]:
             if key in data:
