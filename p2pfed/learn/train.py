@@ -172,6 +172,14 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     return last
 
 
+def personalise(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float, batch_size: int,
+                seed: int, device: torch.device, task: LearningTask = CLASSIFICATION) -> None:
+    """steps gradient steps (one_step), each on its own random mini-batch (seeds seed, seed + 1, ...): a model
+    learned as a starting point (first-order MAML) made a node's own."""
+    for step in range(steps):
+        one_step(model, x, y, lr=lr, batch_size=batch_size, seed=seed + step, device=device, task=task)
+
+
 def one_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, batch_size: int, seed: int,
              device: torch.device, task: LearningTask = CLASSIFICATION) -> None:
     """One gradient step on one random mini-batch (FedDSMIC's personalisation from a center model)."""

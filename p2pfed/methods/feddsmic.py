@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from p2pfed.learn.train import Evaluation, maml_first_order, one_step, state_of, weighted_average
+from p2pfed.learn.train import Evaluation, maml_first_order, personalise, state_of, weighted_average
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, kmeans_groups
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,9 @@ class FedDSMICClient(ClientMethod):
         model = self.node.new_model(task.candidates[0])
         cfg = self.node.cfg
         lr = float(task.meta.get("inner_lr", cfg.lr))
-        for step in range(steps):
-            seed = self.node.round_seed + step
-
-            def personalise(x: torch.Tensor, y: torch.Tensor, seed: int = seed) -> None:
-                one_step(model, x, y, lr=lr, batch_size=cfg.batch_size, seed=seed, device=self.node.device,
-                         task=self.node.task)
-
-            await self.node.run_on_train(personalise)
+        await self.node.run_on_train(lambda x, y: personalise(
+            model, x, y, steps=steps, lr=lr, batch_size=cfg.batch_size, seed=self.node.round_seed,
+            device=self.node.device, task=self.node.task))
         return await self.node.test(model), 0
 
 

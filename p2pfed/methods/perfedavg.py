@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from p2pfed.config import ConfigError
-from p2pfed.learn.train import Evaluation, maml_first_order, one_step, state_of
+from p2pfed.learn.train import Evaluation, maml_first_order, personalise, state_of
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update
 from p2pfed.wire import WireError
 
@@ -61,14 +59,9 @@ class PerFedAvgClient(ClientMethod):
         if len(task.candidates) != 1:
             raise WireError("perfedavg: a node is evaluated from the one global model")
         model, cfg = self.node.new_model(task.candidates[0]), self.node.cfg
-        for step in range(self.options.personal_steps):
-            seed = self.node.round_seed + step
-
-            def personalise(x: torch.Tensor, y: torch.Tensor, seed: int = seed) -> None:
-                one_step(model, x, y, lr=self.options.inner_lr, batch_size=cfg.batch_size, seed=seed,
-                         device=self.node.device, task=self.node.task)
-
-            await self.node.run_on_train(personalise)
+        await self.node.run_on_train(lambda x, y: personalise(
+            model, x, y, steps=self.options.personal_steps, lr=self.options.inner_lr, batch_size=cfg.batch_size,
+            seed=self.node.round_seed, device=self.node.device, task=self.node.task))
         return await self.node.test(model), 0
 
 

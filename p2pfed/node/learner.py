@@ -53,7 +53,6 @@ class LearningNode(LocalNode):
     def __init__(self, scenario: Scenario, index: int, method: str, dataset: Dataset, partition: Partition,
                  endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None) -> None:
         super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir)
-        self.samples = self.data.samples
         self.true_clusters = {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
         self.method = make_method(method, self, scenario)
         self.inbox: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}

@@ -77,6 +77,11 @@ class LocalNode:
         self.metrics_path = out_dir / f"{self.name}.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"{self.name}.ckpt"
 
+    @property
+    def samples(self) -> int:
+        """The node's training samples: the weight of its model in an average."""
+        return self.data.samples
+
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
                          ) -> dict[str, torch.Tensor]:
         """A copy of start trained on the first samples of this node's shard (already shuffled); the node's
