@@ -51,7 +51,7 @@ def check_scenario(scenario: Scenario) -> None:
             raise ConfigError(f"[methods.{name}]: {name!r} is not a known method; choose among {', '.join(METHODS)}")
         if method.options_type is None and table:
             raise ConfigError(f"[methods.{name}]: {name} has no table of its own (yet): its options are in the "
-                              f"shared [pfedlia] and [central] tables")
+                              f"shared [pfedlia] and [central] tables, if it has any")
         method.options_from(scenario)  # fills and checks the table: errors name methods.NAME.KEY
     # methods with K cluster models are those that read central.k
     if (any("k" in CENTRAL[m].option_keys for m in scenario.methods if m in CENTRAL)
