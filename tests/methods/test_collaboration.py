@@ -23,6 +23,10 @@ from sklearn.metrics import adjusted_rand_score
 from p2pfed.launch.runner import run_scenario
 from p2pfed.scenario.config import load_scenario
 
+# About two dozen short scenario runs, 2 to 3 minutes under coverage: marked slow so that the default run
+# stays within its 10 minutes on a 2-core machine (it reached 10 min 12 s); CI runs the slow tests too.
+pytestmark = pytest.mark.slow
+
 SCENARIO = """
 [scenario]
 name = "collab-{partition}"
