@@ -118,8 +118,9 @@ class Transport:
         # One context per node: the ZAP allow-list is per context, and nodes of one process may differ.
         self.ctx = zmq.asyncio.Context()
         # libzmq's default of 1,023 sockets per context is below what the dealer cap may need, and each
-        # socket holds a file or two: raise both limits to what the cap needs.
-        self.ctx.setsockopt(zmq.MAX_SOCKETS, self.options.max_dealers + 64)
+        # socket holds a file or two: raise both limits to what the cap needs. ctx.set, not ctx.setsockopt: the
+        # latter is a default for the context's sockets, where libzmq ignores an option it has not.
+        self.ctx.set(zmq.MAX_SOCKETS, self.options.max_dealers + 64)
         _allow_open_files(3 * self.options.max_dealers + 256)
         self.auth = security.start_authenticator(self.ctx, keys) if keys else None
         self.router: zmq.asyncio.Socket | None = None

@@ -938,3 +938,78 @@ async def test_broken_replies_that_answer_no_request_are_dropped_and_logged_with
     finally:
         router.close(linger=0)
         ctx.term()
+
+
+async def test_sockets_are_set_up_as_the_options_say(transports: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every socket option read back from libzmq: a setting dropped or mistyped changes what a node accepts
+    (the size cap), how long it holds queued models (LINGER, high-water marks) or whether it queues for a peer
+    that is not there (IMMEDIATE); none of that shows in a short exchange on loopback."""
+    from p2pfed.net import transport as transport_module
+
+    wanted: list[int] = []
+    monkeypatch.setattr(transport_module, "_allow_open_files", wanted.append)
+    options = TransportOptions(max_message_bytes=3 << 20, sndhwm=7, rcvhwm=9, reconnect_ivl_ms=150,
+                               reconnect_ivl_max_ms=3000, socket_buffer_bytes=1 << 17, max_dealers=40)
+    limits = DEFAULT_LIMITS.__class__(**{**DEFAULT_LIMITS.__dict__, "max_tensors": 11})
+    receiver = transports("b", options=options, limits=limits, mesh="lab")
+    assert wanted == [3 * 40 + 256]  # the open files the dealer cap needs
+    assert receiver.ctx.get(zmq.MAX_SOCKETS) == 40 + 64
+    assert receiver.limits.max_message_bytes == 3 << 20 and receiver.limits.max_tensors == 11
+    assert receiver.mesh == "lab" and receiver._ack("x" * 8).mesh == "lab"
+    router = receiver.router
+    assert router is not None and router.type == zmq.ROUTER
+    assert {o: router.getsockopt(o) for o in (zmq.MAXMSGSIZE, zmq.RCVHWM, zmq.SNDHWM, zmq.LINGER,
+                                              zmq.SNDBUF, zmq.RCVBUF)} == {
+        zmq.MAXMSGSIZE: 3 << 20, zmq.RCVHWM: 9, zmq.SNDHWM: 7, zmq.LINGER: 0,
+        zmq.SNDBUF: 1 << 17, zmq.RCVBUF: 1 << 17}
+    assert receiver.address == router.getsockopt_string(zmq.LAST_ENDPOINT) and receiver.address.startswith(
+        "tcp://127.0.0.1:") and not receiver.address.endswith(":0")
+    assert [t.get_name() for t in receiver.tasks] == ["b-recv", "b-monitor"]
+    assert receiver.monitor is not None and not any(t.done() for t in receiver.tasks)
+
+    sender = transports("a", options=options)
+    await sender.request(receiver.address, model(), timeout=5)
+    dealer = sender.dealers[receiver.address]
+    assert dealer.type == zmq.DEALER
+    assert {o: dealer.getsockopt(o) for o in (zmq.IMMEDIATE, zmq.LINGER, zmq.SNDHWM, zmq.RCVHWM, zmq.MAXMSGSIZE,
+                                              zmq.RECONNECT_IVL, zmq.RECONNECT_IVL_MAX, zmq.SNDBUF, zmq.RCVBUF,
+                                              zmq.TCP_KEEPALIVE)} == {
+        zmq.IMMEDIATE: 1, zmq.LINGER: 0, zmq.SNDHWM: 7, zmq.RCVHWM: 9, zmq.MAXMSGSIZE: 3 << 20,
+        zmq.RECONNECT_IVL: 150, zmq.RECONNECT_IVL_MAX: 3000, zmq.SNDBUF: 1 << 17, zmq.RCVBUF: 1 << 17,
+        zmq.TCP_KEEPALIVE: 1}
+    assert sender.dealer_tasks[receiver.address].get_name() == f"a-dealer-{receiver.address}"
+
+
+@pytest.mark.parametrize("port", ["0", "*"])
+async def test_a_port_of_0_or_star_binds_a_free_one(transports: Make, port: str) -> None:
+    receiver = transports("b", bind=False)
+    address = receiver.bind(f"tcp://127.0.0.1:{port}")
+    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", address) and int(address.rsplit(":", 1)[1]) > 0
+    sender = transports("a")
+    assert (await sender.request(address, model(), timeout=5)).body["ok"]
+
+
+def test_peer_of_names_the_remote_end_of_an_ipv6_connection() -> None:
+    from p2pfed.net.transport import _peer_of
+
+    with socket.socket(socket.AF_INET6) as server, socket.socket(socket.AF_INET6) as client:
+        server.bind(("::1", 0))  # getpeername() says (host, port, flowinfo, scope_id) here
+        server.listen()
+        client.connect(server.getsockname()[:2])
+        conn, _ = server.accept()
+        with conn:
+            assert _peer_of(conn.fileno()) == f"::1:{client.getsockname()[1]}"
+
+
+async def test_a_transport_can_open_as_many_connections_as_its_dealer_cap(transports: Make) -> None:
+    """libzmq's default is 1,023 sockets a context; the default cap is 1,024 connections (failed at 1,023 with
+    'Too many open files' while the limit was set with ctx.setsockopt, which does not reach the context)."""
+    sender = transports("a", options=TransportOptions(max_dealers=1100), bind=False)
+    socks = []
+    try:
+        for _ in range(1100):
+            socks.append(sender.ctx.socket(zmq.DEALER))
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+    assert len(socks) == 1100
