@@ -39,7 +39,7 @@ max_train = 64
 epochs = 4
 participation = 1.0
 round_timeout = 5
-[pfedlia]
+[methods.pfedlia-p2p]
 warmup_rounds = 3
 lia_epochs = 5
 lia_batch = 32

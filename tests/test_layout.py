@@ -1,6 +1,8 @@
-"""The generic layers name no method: the node, the coordinator, the network, the wire, the launchers and the
-report run every method through the method interfaces (methods/base.py, methods/central.py), so a new method
-touches none of them. A method's name (or pFedLIA's own terms) appearing there is a method's shape leaking in."""
+"""The generic layers name no method: the node, the coordinator, the network, the wire, the launchers, the
+report and the scenario model run every method through the method interfaces (methods/base.py,
+methods/central.py, methods/options.py), so a new method touches none of them. A method's name (or pFedLIA's
+own terms) appearing there is a method's shape leaking in. (learn/ may name the algorithm a helper computes,
+FedAvg's weighting or FedProx's penalty: it knows no method module.)"""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 from p2pfed.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1] / "p2pfed"
-GENERIC = ("node", "coordinator", "net", "wire", "launch", "report")
+GENERIC = ("node", "coordinator", "net", "wire", "launch", "report", "scenario")
 # every registered method by name and by its family's spelling (fedavg-p2p → fedavg), and pFedLIA's terms
 FAMILIES = {m.removesuffix("-p2p").removesuffix("-central").removesuffix("-cam") for m in METHODS}
 # ("local", local training, is also a plain word: its p2p form "local-p2p" is checked.)

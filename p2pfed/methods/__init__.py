@@ -20,6 +20,7 @@ from p2pfed.methods.fedproto import FedProtoServer
 from p2pfed.methods.fedprox import FedProxServer
 from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.ifca import IFCAServer
+from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.methods.perfedavg import PerFedAvgServer
 from p2pfed.methods.pfedlia.central import PFedLIACentralServer
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
@@ -31,16 +32,30 @@ CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     PFedLIACentralServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
     FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer)}
 METHODS = (*CENTRAL, *REGISTRY)
-# Where the options that moved from the shared [central] table to a method's own table went (see load_scenario)
-MOVED: Moved = {("central", old): (name, new)
-                for name, options in [*((m, c.options_type) for m, c in CENTRAL.items()),
-                                      *((m, c.options_type) for m, c in REGISTRY.items())]
-                for old, new in getattr(options, "moved", {}).items()}
+OPTIONS: dict[str, type[MethodOptions] | None] = {
+    **{m: c.options_type for m, c in CENTRAL.items()}, **{m: c.options_type for m, c in REGISTRY.items()}}
+
+
+def _moved() -> Moved:
+    """Where each key of the former shared tables, [pfedlia] and [central], went: (table, key) -> every
+    (method, key) it is now (central.k is the k of each method with K cluster models)."""
+    moved: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for method, options in OPTIONS.items():
+        for old, new in (options.moved if options is not None else {}).items():
+            table, _, key = old.partition(".")
+            moved.setdefault((table, key), []).append((method, new))
+    return moved
+
+
+MOVED = _moved()
 
 
 def check_scenario(scenario: Scenario) -> None:
-    """Raise ConfigError for what in a scenario the methods themselves rule out: an unknown method, more
-    cluster models than nodes for a method that has K of them."""
+    """Raise ConfigError for what in a scenario the methods themselves rule out: an unknown method, a table
+    of a method that has no options or of none at all, an option's value, and an option that does not fit the
+    scenario (K above the number of nodes, a warm-up as long as the run) of a method that runs."""
+    if not scenario.methods:
+        raise ConfigError(f"scenario.methods must name at least one method; choose among {', '.join(METHODS)}")
     unknown = [m for m in scenario.methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"scenario.methods: {', '.join(repr(m) for m in unknown)} not known; "
@@ -49,15 +64,13 @@ def check_scenario(scenario: Scenario) -> None:
         method: type[Method] | type[ServerMethod] | None = CENTRAL.get(name) or REGISTRY.get(name)
         if method is None:
             raise ConfigError(f"[methods.{name}]: {name!r} is not a known method; choose among {', '.join(METHODS)}")
-        if method.options_type is None and table:
-            raise ConfigError(f"[methods.{name}]: {name} has no table of its own (yet): its options are in the "
-                              f"shared [pfedlia] and [central] tables, if it has any")
-        method.options_from(scenario)  # fills and checks the table: errors name methods.NAME.KEY
-    # methods with K cluster models are those that read central.k
-    if (any("k" in CENTRAL[m].option_keys for m in scenario.methods if m in CENTRAL)
-            and (scenario.central.k or scenario.data.clusters) > scenario.nodes):
-        raise ConfigError(f"central.k (or data.clusters when k = 0) must not exceed scenario.nodes "
-                          f"({scenario.nodes})")
+        if method.options_type is None:
+            if table:
+                raise ConfigError(f"[methods.{name}]: {name} has no options")
+        elif name not in scenario.methods:  # its values are checked, not how they fit a run it is not in
+            options_of(method.options_type, scenario, name, fit=False)
+    for name in scenario.methods:
+        (CENTRAL.get(name) or REGISTRY[name]).options_from(scenario)  # errors name methods.NAME.KEY
 
 
 def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:

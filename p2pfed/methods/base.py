@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 
-from p2pfed.methods.options import Options, options_of
+from p2pfed.methods.options import MethodOptions, options_of
 
 if TYPE_CHECKING:
     from p2pfed.scenario.config import Scenario
@@ -80,7 +80,7 @@ class Method:
 
     name = "base"
     notes: ClassVar[frozenset[str]] = frozenset()  # the kinds of note this method takes from peers
-    options_type: ClassVar[type[Options] | None] = None  # its own options, the [methods.NAME] table
+    options_type: ClassVar[type[MethodOptions] | None] = None  # its own options, the [methods.NAME] table
 
     def __init__(self, node: NodeContext, options: Any = None) -> None:
         self.node = node

@@ -9,14 +9,17 @@ cluster's model fixed (Eq. 8 / 15), and sends both back. The server updates the 
 for IFCA-CAM, Eq. 11 for FeSEM-CAM) and the global model as the sample-weighted mean of the θ_i^0 (Eq. 9).
 
 - ``ifca-cam``: a node joins the cluster whose model gives the lowest CAM loss on its data (Eq. 2), so
-  every train and eval task carries all K cluster models. Warm-up (Algorithm 1): ``cam_warmup`` rounds of
+  every train and eval task carries all K cluster models. Warm-up (Algorithm 1): ``warmup`` rounds of
   plain FedAvg give a warm Θ_g first; the K cluster models start from random initialisations.
 - ``fesem-cam``: the server assigns each node the cluster model nearest its last θ_i and recomputes the
   centroids weighted by sample counts (Eq. 11), iterating assignment and centroids until they settle
   (at most 10 times: "a few times until convergence"). Distances are over the parameters of the
   fully-connected layers only, as the paper's experiments measure them (§5); centroids are whole models.
-  Warm-up: every node trains ``cam_warmup`` local epochs, and k-means (20 restarts, as FeSEM) over those
-  models gives the first clusters; Θ_g starts from the shared initial model. λ is ``central.fesem_lambda``.
+  Warm-up: every node trains ``warmup`` local epochs, and k-means (20 restarts, as FeSEM) over those
+  models gives the first clusters; Θ_g starts from the shared initial model. λ is ``lam``.
+
+Options: ``[methods.ifca-cam]`` ``k`` and ``warmup`` (default 5); ``[methods.fesem-cam]`` ``k``, ``warmup``
+(default 5) and ``lam`` (default 0.01). Each was once a key of ``[central]``: k, cam_warmup, fesem_lambda.
 
 With partial participation, Eq. 6's n is the sample count of this round's participants (the m clients of
 the paper's equation all take part there), so a cluster model moves toward its participants in
@@ -26,12 +29,14 @@ proportion to their share of the round's data, and stays put if none of its memb
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.methods.central import (
     ClientMethod,
@@ -44,6 +49,8 @@ from p2pfed.methods.central import (
     nearest_groups,
     unkeyed,
 )
+from p2pfed.methods.options import ClusteredOptions, below_rounds
+from p2pfed.scenario.config import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +116,43 @@ class CAMClient(ClientMethod):
         return await self.node.test(self._additive(task.models[0], task.candidates[choice])), choice
 
 
+@dataclass(frozen=True)
+class IFCACAMOptions(ClusteredOptions):
+    """IFCA-CAM's options, the scenario's [methods.ifca-cam] table: K, and the FedAvg rounds before the cluster
+    models join."""
+
+    warmup: int = 5
+    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.cam_warmup": "warmup"}
+
+    def within(self, scenario: Scenario, where: str) -> None:
+        super().within(scenario, where)
+        below_rounds(self.warmup, "warmup", scenario, where, "the warm-up would leave no round for the cluster "
+                     "models")
+
+
+@dataclass(frozen=True)
+class FeSEMCAMOptions(ClusteredOptions):
+    """FeSEM-CAM's options, the scenario's [methods.fesem-cam] table: K, the local epochs of the warm-up that
+    makes the first clusters, and λ of Eq. 12."""
+
+    warmup: int = 5
+    lam: float = 0.01
+    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.cam_warmup": "warmup",
+                                       "central.fesem_lambda": "lam"}
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if self.warmup < 1 or not self.lam >= 0:
+            raise ConfigError(f"{where}warmup must be >= 1 and lam >= 0 (got {self.warmup}, {self.lam})")
+
+
 class CAMServer(ServerMethod):
     """What IFCA-CAM and FeSEM-CAM share: the global model, the tasks, Eq. 9."""
 
-    option_keys: tuple[str, ...] = ("k", "cam_warmup")
     client = CAMClient
+    options: IFCACAMOptions | FeSEMCAMOptions
 
-    def __init__(self, ctx: Any, options: Any) -> None:
+    def __init__(self, ctx: Any, options: IFCACAMOptions | FeSEMCAMOptions) -> None:
         super().__init__(ctx, options)
         self.global_model: dict[str, torch.Tensor] = dict(ctx.initial)
         self.joint = False  # past the warm-up
@@ -168,9 +205,10 @@ class IFCACAMServer(CAMServer):
     """IFCA-CAM: min-loss assignment on the nodes (Eq. 2), Eq. 6 for the cluster models."""
 
     name = "ifca-cam"
+    options_type = IFCACAMOptions
 
     async def before_round(self, rnd: int, live: list[str]) -> None:
-        if not self.joint and rnd >= self.options.cam_warmup:
+        if not self.joint and rnd >= self.options.warmup:
             self.models = {g: self.ctx.build(self.ctx.seed + 1 + g) for g in range(self.k)}
             self.joint = True
             log.info("ifca-cam: round %d: warm-up over, %d cluster models join the global one", rnd, self.k)
@@ -197,9 +235,10 @@ class FeSEMCAMServer(CAMServer):
     """FeSEM-CAM: K-means on the nodes' cluster-side models θ_i (Eq. 10–11), λ-regularised local update."""
 
     name = "fesem-cam"
-    option_keys = ("k", "cam_warmup", "fesem_lambda")
+    options_type = FeSEMCAMOptions
+    options: FeSEMCAMOptions
 
-    def __init__(self, ctx: Any, options: Any) -> None:
+    def __init__(self, ctx: Any, options: FeSEMCAMOptions) -> None:
         super().__init__(ctx, options)
         self.local: dict[str, dict[str, torch.Tensor]] = {}
         self.flat: dict[str, torch.Tensor] = {}  # each θ_i's fully-connected parameters, as one vector
@@ -215,7 +254,7 @@ class FeSEMCAMServer(CAMServer):
     async def before_round(self, rnd: int, live: list[str]) -> None:
         if self.joint or not live:
             return
-        epochs = max(1, int(self.options.cam_warmup))
+        epochs = self.options.warmup
         tasks = {n: Task("train", [self.ctx.initial], {"epochs": epochs}) for n in live}
         replies = await self.ctx.ask(live, tasks)
         ups = {n: u for n, u in replies.items() if isinstance(u, Update) and u.state is not None}
@@ -237,7 +276,7 @@ class FeSEMCAMServer(CAMServer):
     def _task(self, kind: str, node: str) -> Task:
         task = super()._task(kind, node)
         if self.joint:
-            task.meta["penalty"] = self.options.fesem_lambda  # Eq. 12: λ/2·||θ_i − Θ_c(i)||²
+            task.meta["penalty"] = self.options.lam  # Eq. 12: λ/2·||θ_i − Θ_c(i)||²
         return task
 
     def update_clusters(self, rnd: int, updates: dict[str, Update]) -> None:

@@ -32,7 +32,7 @@ from torch import nn
 
 from p2pfed.learn.tasks import LearningTask
 from p2pfed.learn.train import Evaluation, weighted_average
-from p2pfed.methods.options import Options, options_of
+from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.wire import WireError, check_tensors
 
 if TYPE_CHECKING:
@@ -143,8 +143,7 @@ class ServerMethod:
     """Base: FedAvg per group. ``groups`` maps a node to its group, ``models`` a group to its model."""
 
     name = "base"
-    option_keys: tuple[str, ...] = ()  # the [central] options this method reads (for the docs and the check)
-    options_type: type[Options] | None = None  # its own options, the [methods.NAME] table (methods/options.py)
+    options_type: type[MethodOptions] | None = None  # its own options, the [methods.NAME] table (methods/options.py)
     client: type[ClientMethod] | None = None  # its node side, if not the base ClientMethod
 
     def __init__(self, ctx: ServerContext, options: Any) -> None:
@@ -156,10 +155,8 @@ class ServerMethod:
     @classmethod
     def options_from(cls, scenario: Scenario) -> Any:
         """This method's options, for its server side and its node side alike: its [methods.NAME] table if it
-        declares an options type, else the shared [central] table."""
-        if cls.options_type is not None:
-            return options_of(cls.options_type, scenario, cls.name)
-        return scenario.central
+        declares an options type (None: it has none)."""
+        return options_of(cls.options_type, scenario, cls.name) if cls.options_type is not None else None
 
     # -- the round --------------------------------------------------------------------------------
     async def before_round(self, rnd: int, live: list[str]) -> None:

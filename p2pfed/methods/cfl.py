@@ -2,10 +2,11 @@
 
 Every cluster is trained by FedAvg. After a cluster's round, with ΔW_i the update of each participant,
 the cluster is split in two when FedAvg has converged for the cluster as a whole but not for its members:
-||mean ΔW|| < ε1 (``cfl_eps1``) and max ||ΔW_i|| > ε2 (``cfl_eps2``), after ``cfl_warmup`` rounds and
-only if each side gets at least ``cfl_min_size`` nodes. The split is the optimal bipartition of the
-cosine similarities of the updates: complete-linkage agglomerative clustering into two groups (as the
-authors' code). Defaults ε1 = 0.4, ε2 = 1.6, warm-up 20 rounds are the authors' and FL-bench's.
+||mean ΔW|| < ε1 (``eps1``) and max ||ΔW_i|| > ε2 (``eps2``), after ``warmup`` rounds and only if each
+side gets at least ``min_size`` nodes (the ``[methods.cfl]`` table; once ``[central] cfl_KEY``). The split is
+the optimal bipartition of the cosine similarities of the updates: complete-linkage agglomerative
+clustering into two groups (as the authors' code). Defaults ε1 = 0.4, ε2 = 1.6, warm-up 20 rounds are the
+authors' and FL-bench's.
 
 The split indexes members by their names, never by their position in the similarity sub-matrix: the
 reference code takes positions in the sub-matrix of one cluster as global client ids, which moves the
@@ -22,14 +23,33 @@ trains and is evaluated on the parent's model, and its update is not averaged in
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
+from p2pfed.config import ConfigError
 from p2pfed.methods.central import ServerMethod, Task, Update, flatten
+from p2pfed.methods.options import MethodOptions
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CFLOptions(MethodOptions):
+    """CFL's options, the scenario's [methods.cfl] table (the authors' defaults)."""
+
+    eps1: float = 0.4  # split when ||mean update|| < ε1 ...
+    eps2: float = 1.6  # ... and max ||update|| > ε2
+    warmup: int = 20  # no split before this round
+    min_size: int = 2  # each half of a split has at least this many nodes
+    moved: ClassVar[dict[str, str]] = {f"central.cfl_{key}": key for key in ("eps1", "eps2", "warmup", "min_size")}
+
+    def validate(self, where: str) -> None:
+        if not (self.eps1 > 0 and self.eps2 > 0) or self.min_size < 1 or self.warmup < 0:
+            raise ConfigError(f"{where}eps1 and eps2 must be > 0, min_size >= 1 and warmup >= 0 (got {self.eps1}, "
+                              f"{self.eps2}, {self.min_size}, {self.warmup})")
 
 
 def bipartition(names: list[str], updates: list[torch.Tensor]) -> tuple[list[str], list[str]]:
@@ -47,9 +67,10 @@ class CFLServer(ServerMethod):
     """One cluster at first; clusters split when their members' updates disagree."""
 
     name = "cfl"
-    option_keys = ("cfl_eps1", "cfl_eps2", "cfl_warmup", "cfl_min_size")
+    options_type = CFLOptions
+    options: CFLOptions
 
-    def __init__(self, ctx: Any, options: Any) -> None:
+    def __init__(self, ctx: Any, options: CFLOptions) -> None:
         super().__init__(ctx, options)
         self.pending: dict[str, list[int]] = {}  # node -> the halves it may go to
         self.trained: set[int] = set()  # clusters that have trained since they were made
@@ -93,11 +114,11 @@ class CFLServer(ServerMethod):
             mean_norm, max_norm = float(mean.norm()), max(float(deltas[n].norm()) for n in names)
             log.info("cfl: round %d: cluster %d: %d updates, ||mean ΔW|| %.3f, max ||ΔW|| %.3f", rnd, g,
                       len(names), mean_norm, max_norm)
-            converging = mean_norm < o.cfl_eps1 and max_norm > o.cfl_eps2
-            if rnd < o.cfl_warmup or not converging or len(names) < 2 * o.cfl_min_size:
+            converging = mean_norm < o.eps1 and max_norm > o.eps2
+            if rnd < o.warmup or not converging or len(names) < 2 * o.min_size:
                 continue
             left, right = bipartition(names, [deltas[n] for n in names])
-            if min(len(left), len(right)) < o.cfl_min_size:
+            if min(len(left), len(right)) < o.min_size:
                 continue
             self._split(rnd, g, left, right, mean_norm, max_norm)
 

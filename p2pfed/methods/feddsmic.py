@@ -1,11 +1,11 @@
 """FedDSMIC (paper 000): clustering by the similarity of what models predict, and cluster centers learned
 as good starting points (first-order MAML), personalised by one gradient step.
 
-- The coordinator holds indicator samples (``central.indicator_per_class`` per class, drawn from the
+- The coordinator holds indicator samples (``indicator_per_class`` per class, drawn from the
   training data with the scenario's seed). It places each node that sent a model in the cluster whose
   center's softmax outputs on them are closest in KL divergence to the node model's (Eq. 6–7).
 - A participant starts from its center and runs first-order MAML steps (Algorithm 2, Eq. 15–16):
-  per mini-batch, ŵ = w − η∇l(w) (η = ``central.maml_inner_lr``), then w ← w − ε∇l(ŵ) (ε = the
+  per mini-batch, ŵ = w − η∇l(w) (η = ``inner_lr``), then w ← w − ε∇l(ŵ) (ε = the
   scenario's lr).
 - A center is the sample-weighted mean of its members' new models (Eq. 17).
 - A node's personalised model is one gradient step (lr η) from its center on a batch of its own data.
@@ -17,27 +17,34 @@ Choices where the paper is silent, and why:
 - Initial centers: Algorithm 1 only says "initialize"; random centers let one cluster take everyone, so
   here, as FeSEM's paper does with parameters, in the first round every live node trains from the shared
   initial model and k-means (20 restarts) on their softmax outputs on the indicator samples gives the
-  first clusters, whose centers follow by Eq. 17. C is given (``central.k``, default the true number).
+  first clusters, whose centers follow by Eq. 17. C is given (``k``, default the true number).
 - Indicator samples are drawn from the training split; our partitions do not set them aside first, so
   a handful may also be in some node's shard (10 per class of tens of thousands).
 - A node that joins later (§4.3: "first train on its local dataset for a few epochs and choose the most
-  similar center") gets the shared initial model and ``cam_warmup`` local epochs the first time it
+  similar center") gets the shared initial model and ``warmup`` local epochs the first time it
   trains; its model places it by Eq. 6–7 and is not averaged into any center.
 - With partial participation, Eq. 17 averages the members that trained this round; a center none of
   whose members trained keeps its model.
+
+Options, ``[methods.feddsmic]`` and ``[methods.fedds]``: ``k``, ``indicator_per_class`` (default 10, the
+paper's), ``inner_lr`` (default 0.01, the paper's) and ``warmup`` (default 5); once ``[central]`` k,
+indicator_per_class, maml_inner_lr and cam_warmup.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
+from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, maml_first_order, personalise, state_of, weighted_average
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, kmeans_groups
+from p2pfed.methods.options import ClusteredOptions
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +58,17 @@ def kl_to_centers(node_probs: torch.Tensor, center_probs: torch.Tensor) -> torch
 
 
 class FedDSMICClient(ClientMethod):
-    """First-order MAML local steps; evaluation after one personalisation step."""
+    """First-order MAML local steps; evaluation after one personalisation step (η: the options' inner_lr)."""
+
+    options: FedDSMICOptions
 
     async def train(self, task: Task) -> tuple[Update, int]:
         if not task.meta.get("maml") or not task.candidates or len(task.candidates) > 1:
             return await super().train(task)
         model = self.node.new_model(task.candidates[0])
         cfg = self.node.cfg
-        inner = float(task.meta.get("inner_lr", cfg.lr))
         loss = await self.node.run_on_train(lambda x, y: maml_first_order(
-            model, x, y, epochs=cfg.epochs, batch_size=cfg.batch_size, inner_lr=inner, outer_lr=cfg.lr,
+            model, x, y, epochs=cfg.epochs, batch_size=cfg.batch_size, inner_lr=self.options.inner_lr, outer_lr=cfg.lr,
             seed=self.node.round_seed, device=self.node.device, task=self.node.task))
         return Update(state_of(model), 0, {"choice": 0, "train_loss": loss}), 0
 
@@ -70,22 +78,39 @@ class FedDSMICClient(ClientMethod):
             return await super().evaluate(task)
         model = self.node.new_model(task.candidates[0])
         cfg = self.node.cfg
-        lr = float(task.meta.get("inner_lr", cfg.lr))
         await self.node.run_on_train(lambda x, y: personalise(
-            model, x, y, steps=steps, lr=lr, batch_size=cfg.batch_size, seed=self.node.round_seed,
+            model, x, y, steps=steps, lr=self.options.inner_lr, batch_size=cfg.batch_size, seed=self.node.round_seed,
             device=self.node.device, task=self.node.task))
         return await self.node.test(model), 0
+
+
+@dataclass(frozen=True)
+class FedDSMICOptions(ClusteredOptions):
+    """FedDSMIC's (and FedDS's) options: C, the indicator samples, η, and a late joiner's first local epochs."""
+
+    indicator_per_class: int = 10  # server-held indicator samples per class (paper 000's 10)
+    inner_lr: float = 0.01  # η of the inner step and of the personalisation step
+    warmup: int = 5  # local epochs of a node that joins after the first clustering (§4.3: "a few")
+    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.indicator_per_class": "indicator_per_class",
+                                       "central.maml_inner_lr": "inner_lr", "central.cam_warmup": "warmup"}
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if self.indicator_per_class < 1 or not self.inner_lr > 0 or self.warmup < 1:
+            raise ConfigError(f"{where}indicator_per_class must be >= 1, inner_lr > 0 and warmup >= 1 (got "
+                              f"{self.indicator_per_class}, {self.inner_lr}, {self.warmup})")
 
 
 class FedDSMICServer(ServerMethod):
     """KL clustering on indicator samples, MAML centers, one-step personalisation."""
 
     name = "feddsmic"
-    option_keys = ("k", "indicator_per_class", "maml_inner_lr", "cam_warmup")
+    options_type = FedDSMICOptions
+    options: FedDSMICOptions
     client = FedDSMICClient
     maml = True  # fedds: False
 
-    def __init__(self, ctx: Any, options: Any) -> None:
+    def __init__(self, ctx: Any, options: FedDSMICOptions) -> None:
         super().__init__(ctx, options)
         self.indicator = ctx.indicator_samples(options.indicator_per_class)
         self.newcomers: set[str] = set()  # nodes placed by their first local model, not yet averaged in
@@ -122,13 +147,13 @@ class FedDSMICServer(ServerMethod):
 
     def _first(self, node: str) -> Task:
         """A node's first local training, from the shared initial model."""
-        return Task("train", [self.ctx.initial], {"maml": self.maml, "inner_lr": self.options.maml_inner_lr})
+        return Task("train", [self.ctx.initial], {"maml": self.maml})
 
     def train_task(self, rnd: int, node: str) -> Task:
         if node in self.newcomers:
-            return Task("train", [self.ctx.initial], {"epochs": max(1, int(self.options.cam_warmup))})
+            return Task("train", [self.ctx.initial], {"epochs": self.options.warmup})
         task = super().train_task(rnd, node)
-        task.meta.update({"maml": self.maml, "inner_lr": self.options.maml_inner_lr})
+        task.meta["maml"] = self.maml
         return task
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
@@ -155,7 +180,7 @@ class FedDSMICServer(ServerMethod):
     def eval_task(self, node: str) -> Task:
         task = super().eval_task(node)
         if self.maml and len(task.candidates) == 1:
-            task.meta.update({"personalise": 1, "inner_lr": self.options.maml_inner_lr})
+            task.meta["personalise"] = 1
         return task
 
     def state(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:

@@ -1,20 +1,20 @@
 """FedFM (paper 004): FedAvg whose local training also matches each sample's feature (the L2-normalised
 input of the model's head) to its class's global anchor, so that every node builds the same feature space.
 
-A round from ``fedfm_start`` (T_s; FedAvg before it, as the paper runs) has two exchanges (Fig. 5):
+A round from ``start`` (T_s; FedAvg before it, as the paper runs) has two exchanges (Fig. 5):
 1. anchors: the round's participants get the global model and compute their local anchors, the mean
    normalised feature of each class (Eq. 8); the coordinator's global anchor of a class is their
    count-weighted mean (Eq. 9), or the plain mean over the nodes that have the class when
-   ``fedfm_uniform`` keeps class counts private (the paper's Table VI);
+   ``uniform`` keeps class counts private (the paper's Table VI);
 2. models: participants, which kept the global model from step 1 (it is not sent twice), train with
-   task loss + λ·matching loss (Eq. 10, λ = ``fedfm_lambda``) and send
+   task loss + λ·matching loss (Eq. 10, λ = ``lam``) and send
    their models; the global model is their FedAvg.
 The matching loss is ``fedfm`` contrastive guiding, CE(softmax(<a_n, f(x)>/α), y) with temperature α
-(``fedfm_temperature``), or ``fedfm-l2``'s squared distance ||f(x) − a_y||².
+(``temperature``), or ``fedfm-l2``'s squared distance ||f(x) − a_y||².
 
 ``fedfm-lite`` (Section VI) has one exchange per round: participants train with the anchors they were
 sent, then compute their anchors on the trained model and send them with the model; the model itself
-travels only every ``fedfm_every`` rounds (a), so in the other rounds a participant trains the model it
+travels only every ``every`` rounds (a), so in the other rounds a participant trains the model it
 kept and sends anchors alone (the communication FedFM-Lite saves shows in bytes_sent).
 
 Choices where the paper is silent: anchors are means of normalised features (the paper normalises the
@@ -22,21 +22,27 @@ features before matching); α defaults to 0.1 (our choice; normalised features m
 [−1, 1]); λ defaults to 10 and T_s to 20, inside the ranges of the paper's Fig. 8c. With partial
 participation the anchors of a round come from that round's participants. FedFM trains one global model
 (generalised FL): every node is evaluated with it.
+
+Options, ``[methods.fedfm]`` and ``[methods.fedfm-l2]``: ``lam``, ``start``, ``temperature``, ``uniform``;
+``[methods.fedfm-lite]`` adds ``every``. Each was once ``[central] fedfm_KEY`` (``fedfm_lambda`` for ``lam``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from p2pfed.config import ConfigError
 from p2pfed.learn.models import features_and_logits
 from p2pfed.learn.train import state_of, weighted_average
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update
 from p2pfed.methods.class_tables import class_mean, class_prototypes, global_table, head_classes, local_table
+from p2pfed.methods.options import MethodOptions
 from p2pfed.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -64,7 +70,9 @@ def matching_loss(feats: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, h
 
 
 class FedFMClient(ClientMethod):
-    """Local anchors (compute tasks) and training with the matching loss."""
+    """Local anchors (compute tasks) and training with the matching loss (λ and α: the options')."""
+
+    options: FedFMOptions
 
     def _classes(self, task: Task) -> int:
         return int(task.meta.get("classes", 0))
@@ -85,10 +93,7 @@ class FedFMClient(ClientMethod):
         if task.candidates:
             model.load_state_dict(task.candidates[0])
         anchors, have = global_table(task.aux, "anchors") or (None, None)
-        lam, kind = float(task.meta.get("lambda", 0.0)), str(task.meta.get("loss", "cg"))
-        temperature = float(task.meta.get("temperature", 0.1))
-        if temperature <= 0:
-            raise WireError("fedfm: the temperature must be positive")
+        lam, kind, temperature = self.options.lam, str(task.meta.get("loss", "cg")), self.options.temperature
 
         def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             feats, logits = features_and_logits(m, x)
@@ -108,11 +113,42 @@ class FedFMClient(ClientMethod):
         return Update(state, 0, {"choice": 0, "train_loss": loss}, aux=aux), 0
 
 
+@dataclass(frozen=True)
+class FedFMOptions(MethodOptions):
+    """FedFM's options, the scenario's [methods.fedfm] (or [methods.fedfm-l2]) table."""
+
+    lam: float = 10.0  # λ on the feature matching loss (paper 004's Fig. 8c: 10–100)
+    start: int = 20  # T_s: FedAvg before this round (the paper's 20)
+    temperature: float = 0.1  # α of contrastive guiding
+    uniform: bool = False  # average anchors uniformly (class counts stay private)
+    moved: ClassVar[dict[str, str]] = {"central.fedfm_lambda": "lam", "central.fedfm_start": "start",
+                                       "central.fedfm_temperature": "temperature", "central.fedfm_uniform": "uniform"}
+
+    def validate(self, where: str) -> None:
+        if not self.lam >= 0 or self.start < 0 or not self.temperature > 0:
+            raise ConfigError(f"{where}lam and start must be >= 0 and temperature > 0 (got {self.lam}, {self.start}, "
+                              f"{self.temperature})")
+
+
+@dataclass(frozen=True)
+class FedFMLiteOptions(FedFMOptions):
+    """FedFM-Lite's options, the scenario's [methods.fedfm-lite] table: FedFM's and how often models travel."""
+
+    every: int = 5  # a: models travel every a rounds (anchors every round)
+    moved: ClassVar[dict[str, str]] = {**FedFMOptions.moved, "central.fedfm_every": "every"}
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if self.every < 1:
+            raise ConfigError(f"{where}every must be >= 1 (got {self.every})")
+
+
 class FedFMServer(ServerMethod):
     """FedAvg plus global anchors; the matching loss in local training from round T_s."""
 
     name = "fedfm"
-    option_keys: tuple[str, ...] = ("fedfm_lambda", "fedfm_start", "fedfm_temperature", "fedfm_uniform")
+    options_type: type[FedFMOptions] = FedFMOptions
+    options: FedFMOptions
     client = FedFMClient
     loss = "cg"
     lite = False
@@ -129,7 +165,7 @@ class FedFMServer(ServerMethod):
         self.groups[node] = -1  # one global model
 
     def matching(self, rnd: int) -> bool:
-        return rnd >= self.options.fedfm_start
+        return rnd >= self.options.start
 
     async def before_round(self, rnd: int, live: list[str]) -> None:
         await super().before_round(rnd, live)
@@ -142,7 +178,7 @@ class FedFMServer(ServerMethod):
         self.holding = {n for n, u in replies.items() if isinstance(u, Update)}  # they hold the global model
 
     def aggregate_anchors(self, updates: dict[str, Update]) -> None:
-        """Eq. 9: count-weighted (or, with fedfm_uniform, plain) mean of local anchors per class."""
+        """Eq. 9: count-weighted (or, with uniform, plain) mean of local anchors per class."""
         rows: list[tuple[torch.Tensor, torch.Tensor]] = []
         for node, up in updates.items():
             row = local_table(up.aux, "anchors", self.num_classes, rows[0][0] if rows else None)
@@ -151,11 +187,10 @@ class FedFMServer(ServerMethod):
                 continue
             rows.append(row)
         if rows:
-            self.anchors, self.have = class_mean(rows, uniform=self.options.fedfm_uniform)
+            self.anchors, self.have = class_mean(rows, uniform=self.options.uniform)
 
     def _meta(self) -> dict[str, Any]:
-        return {"fm": 1, "lambda": self.options.fedfm_lambda, "loss": self.loss,
-                "temperature": self.options.fedfm_temperature, "classes": self.num_classes, "lite": int(self.lite)}
+        return {"fm": 1, "loss": self.loss, "classes": self.num_classes, "lite": int(self.lite)}
 
     def _aux(self) -> dict[str, torch.Tensor]:
         if self.anchors is None or self.have is None:
@@ -205,15 +240,16 @@ class FedFML2Server(FedFMServer):
 
 
 class FedFMLiteServer(FedFMServer):
-    """FedFM-Lite: one exchange per round, anchors every round, models every fedfm_every rounds."""
+    """FedFM-Lite: one exchange per round, anchors every round, models every `every` rounds."""
 
     name = "fedfm-lite"
-    option_keys: tuple[str, ...] = (*FedFMServer.option_keys, "fedfm_every")
+    options_type = FedFMLiteOptions
+    options: FedFMLiteOptions
     lite = True
 
     def train_task(self, rnd: int, node: str) -> Task:
         if not self.matching(rnd):
             return Task("train", [self.global_model])
-        model_round = (rnd - self.options.fedfm_start) % self.options.fedfm_every == 0
+        model_round = (rnd - self.options.start) % self.options.every == 0
         meta = {**self._meta(), "send_model": int(model_round)}
         return Task("train", [self.global_model] if model_round else [], meta, aux=self._aux())

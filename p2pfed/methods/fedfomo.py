@@ -26,6 +26,7 @@ import torch
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import state_of
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, flatten, keyed, unkeyed
+from p2pfed.methods.options import MethodOptions
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,12 @@ class FedFomoClient(ClientMethod):
 
 
 @dataclass(frozen=True)
-class FedFomoOptions:
+class FedFomoOptions(MethodOptions):
     """FedFomo's options, the scenario's [methods.fedfomo] table (once [central] fomo_m and fomo_epsilon)."""
 
     m: int = 5  # models each node downloads per round
     epsilon: float = 0.3  # chance that a download slot picks a random node
-    moved: ClassVar[dict[str, str]] = {"fomo_m": "m", "fomo_epsilon": "epsilon"}  # [central] keys they once were
+    moved: ClassVar[dict[str, str]] = {"central.fomo_m": "m", "central.fomo_epsilon": "epsilon"}
 
     def validate(self, where: str) -> None:
         if self.m < 1:

@@ -26,16 +26,17 @@ from p2pfed.config import ConfigError
 from p2pfed.learn.models import features_and_logits
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, keyed, unkeyed
 from p2pfed.methods.class_tables import class_mean, class_prototypes, global_table, head_classes, local_table
+from p2pfed.methods.options import MethodOptions
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class FedProtoOptions:
+class FedProtoOptions(MethodOptions):
     """FedProto's options, the scenario's [methods.fedproto] table."""
 
     lam: float = 1.0  # λ on the prototype distance (FL-bench's default)
-    moved: ClassVar[dict[str, str]] = {"proto_lambda": "lam"}  # [central] keys it once was
+    moved: ClassVar[dict[str, str]] = {"central.proto_lambda": "lam"}  # [central] keys it once was
 
     def validate(self, where: str) -> None:
         if not self.lam >= 0:

@@ -10,14 +10,15 @@ from typing import ClassVar
 from p2pfed.config import ConfigError
 from p2pfed.methods.central import Task
 from p2pfed.methods.fedavg import FedAvgServer
+from p2pfed.methods.options import MethodOptions
 
 
 @dataclass(frozen=True)
-class FedProxOptions:
+class FedProxOptions(MethodOptions):
     """FedProx's options, the scenario's [methods.fedprox] table."""
 
     mu: float = 0.01  # μ of the proximal term
-    moved: ClassVar[dict[str, str]] = {"prox_mu": "mu"}  # [central] keys it once was
+    moved: ClassVar[dict[str, str]] = {"central.prox_mu": "mu"}  # [central] keys it once was
 
     def validate(self, where: str) -> None:
         if not self.mu >= 0:

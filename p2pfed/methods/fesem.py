@@ -4,10 +4,10 @@ Each round (Algorithm 1): E-step, every node goes to the center nearest its loca
 Euclidean distance of the parameters); M-step, each center is the plain mean of its members' W_i (Eq. 9,
 not weighted by samples: the paper's objective weighs nodes equally); local update, a participant starts
 from its center and minimises its loss plus λ·||W_i − W̃_k||² (Eq. 7, with the paper's λ/m folded into
-``central.fesem_lambda`` and the squared distance for a smooth gradient; the E-step's argmin is the same).
+``[methods.fesem] lam`` and the squared distance for a smooth gradient; the E-step's argmin is the same).
 
 Choices where the paper leaves room, and why:
-- K is given (``central.k``, default the scenario's number of clusters): paper 002 ran FeSEM with the
+- K is given (``[methods.fesem] k``, default the scenario's number of clusters): paper 002 ran FeSEM with the
   correct K too, and paper 003 picks K by trying several.
 - Initial centers: as the paper's experiments, "pure clustering 20 times with randomized
   initialization", keeping the one with the least intra-cluster distance: in round 0 every live node
@@ -22,24 +22,41 @@ Choices where the paper leaves room, and why:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from p2pfed.config import ConfigError
 from p2pfed.learn.train import weighted_average
 from p2pfed.methods.central import ServerMethod, Task, Update, flatten, keyed, kmeans_groups, nearest_groups, unkeyed
+from p2pfed.methods.options import ClusteredOptions
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FeSEMOptions(ClusteredOptions):
+    """FeSEM's options, the scenario's [methods.fesem] table: K and λ."""
+
+    lam: float = 0.01  # λ of Eq. 7 (λ/m folded in)
+    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.fesem_lambda": "lam"}
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if not self.lam >= 0:
+            raise ConfigError(f"{where}lam must be >= 0 (got {self.lam})")
 
 
 class FeSEMServer(ServerMethod):
     """K centers, E-step by parameter distance, M-step mean, distance-regularised local update."""
 
     name = "fesem"
-    option_keys = ("k", "fesem_lambda")
+    options_type = FeSEMOptions
+    options: FeSEMOptions
 
-    def __init__(self, ctx: Any, options: Any) -> None:
+    def __init__(self, ctx: Any, options: FeSEMOptions) -> None:
         super().__init__(ctx, options)
         self.local: dict[str, dict[str, torch.Tensor]] = {}  # W_i, the latest each node sent
         self.flat: dict[str, torch.Tensor] = {}  # the same, each as one vector
@@ -73,7 +90,7 @@ class FeSEMServer(ServerMethod):
 
     def train_task(self, rnd: int, node: str) -> Task:
         task = super().train_task(rnd, node)
-        task.meta["penalty"] = 2.0 * self.options.fesem_lambda  # coef/2·||·||² = λ·||W_i − W̃_k||²
+        task.meta["penalty"] = 2.0 * self.options.lam  # coef/2·||·||² = λ·||W_i − W̃_k||²
         return task
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:

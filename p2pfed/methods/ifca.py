@@ -2,7 +2,7 @@
 the lowest loss on its own training data, trains it, and each cluster model becomes the sample-weighted
 mean of the models trained from it.
 
-Choices: K is given (``central.k``, default the scenario's number of clusters), as for FeSEM. The K models
+Choices: K is given (``[methods.ifca] k``, default the scenario's number of clusters), as for FeSEM. The K models
 start from different random initialisations (seeds seed+1 .. seed+K), as in IFCA's experiments; with one
 shared start every node would take the same model and the clusters could never separate. A node is
 evaluated with the cluster model that fits its training data best (IFCA's inference rule), so every
@@ -12,13 +12,15 @@ evaluation sends it all K models.
 from __future__ import annotations
 
 from p2pfed.methods.central import ServerMethod, Task
+from p2pfed.methods.options import ClusteredOptions
 
 
 class IFCAServer(ServerMethod):
     """K models; every node chooses by loss each time it trains."""
 
     name = "ifca"
-    option_keys = ("k",)
+    options_type = ClusteredOptions
+    options: ClusteredOptions
 
     def admit(self, node: str) -> None:
         if not self.models:

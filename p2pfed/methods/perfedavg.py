@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, maml_first_order, personalise, state_of
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update
+from p2pfed.methods.options import MethodOptions
 from p2pfed.wire import WireError
 
 
 @dataclass(frozen=True)
-class PerFedAvgOptions:
+class PerFedAvgOptions(MethodOptions):
     """Per-FedAvg's options, the scenario's [methods.perfedavg] table."""
 
     inner_lr: float = 0.01  # α: the inner step of training and the personalisation steps

@@ -21,10 +21,11 @@ from p2pfed.wire.messages import is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
 ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/node/adversary.py
-SCENARIO_TABLES = ("scenario", "data", "train", "pfedlia", "central", "mesh")
-# Where an option of a shared table went, (table, key) -> (method, its key in [methods.METHOD]): declared by
-# the methods (their options' ``moved``) and passed in by the launchers' loader, since this module sits below them.
-Moved = Mapping[tuple[str, str], tuple[str, str]]
+SCENARIO_TABLES = ("scenario", "data", "train", "mesh")
+# Where an option of a former shared table went, (table, key) -> every (method, its key in [methods.METHOD]):
+# declared by the methods (their options' ``moved``) and passed in by the launchers' loader, since this module
+# sits below them.
+Moved = Mapping[tuple[str, str], Sequence[tuple[str, str]]]
 
 
 @dataclass
@@ -65,40 +66,6 @@ class TrainConfig:
 
 
 @dataclass
-class PFedLIAConfig:
-    """pFedLIA's options (paper 002), the scenario's [pfedlia] table: warm-up, partial models, selection."""
-
-    warmup_rounds: int = 5
-    lia_epochs: int = 20
-    lia_batch: int = 100
-    lia_lr: float = 0.05
-    gap: float = 0.8
-
-
-@dataclass
-class CentralConfig:
-    """Options of the coordinated methods (methods/central.py and one module per method)."""
-
-    k: int = 0  # FeSEM's and IFCA's number of clusters; 0: data.clusters (paper 002 gave FeSEM the true K)
-    fesem_lambda: float = 0.01  # FeSEM's λ of Eq. 7 (λ/m folded in)
-    cfl_eps1: float = 0.4  # CFL: split when ||mean update|| < ε1 ...
-    cfl_eps2: float = 1.6  # ... and max ||update|| > ε2 (the authors' defaults)
-    cfl_warmup: int = 20  # CFL: no split before this round
-    cfl_min_size: int = 2  # CFL: each half of a split has at least this many nodes
-    optics_min_samples: int = 3  # pfedlia-central: OPTICS's min_samples
-    optics_xi: float = 0.05  # pfedlia-central: OPTICS's xi
-    cam_warmup: int = 5  # CAM: FedAvg rounds before the cluster models join (ifca-cam), local epochs (fesem-cam)
-    indicator_per_class: int = 10  # FedDSMIC: server-held indicator samples per class (paper 000's 10)
-    maml_inner_lr: float = 0.01  # FedDSMIC: η of the inner step and of the personalisation step
-    fedfm_lambda: float = 10.0  # FedFM: λ on the feature matching loss (paper 004's Fig. 8c: 10–100)
-    fedfm_start: int = 20  # FedFM: T_s, FedAvg before this round (the paper's 20)
-    fedfm_temperature: float = 0.1  # FedFM: α of contrastive guiding
-    fedfm_uniform: bool = False  # FedFM: average anchors uniformly (class counts stay private)
-    fedfm_every: int = 5  # FedFM-Lite: models travel every a rounds (anchors every round)
-    lia_timeout: float = 300.0  # deadline of pFedLIA's scoring tasks (every node scores every partial model)
-
-
-@dataclass
 class Event:
     """A scripted event: a node joins late, leaves, crashes (and restarts), or its link slows."""
 
@@ -125,13 +92,11 @@ class Scenario:
     seed: int = 0
     nodes: int = 20
     rounds: int = 20
-    methods: list[str] = field(default_factory=lambda: ["pfedlia-p2p", "oracle", "fedavg", "local"])
+    methods: list[str] = field(default_factory=list)  # the methods to run (checked by methods.check_scenario)
     processes: bool = False  # one process per node (as on separate machines)
     workers: int = 1  # or: spread the nodes over this many processes (a process's open files are limited)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    pfedlia: PFedLIAConfig = field(default_factory=PFedLIAConfig)
-    central: CentralConfig = field(default_factory=CentralConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     events: list[Event] = field(default_factory=list)
     adversaries: list[Adversary] = field(default_factory=list)
@@ -159,7 +124,7 @@ class Scenario:
     def validate(self, where: str = "") -> None:
         """Raise ConfigError naming the key of anything that cannot work (what needs the methods themselves,
         their names and options, is checked by methods.check_scenario: this module is plain data, below them)."""
-        for ok, message in [*self._setting_checks(), *self._shared_option_checks()]:
+        for ok, message in self._setting_checks():
             if not ok:
                 raise ConfigError(f"{where}{message}")
         self._check_scripted(where)
@@ -172,7 +137,6 @@ class Scenario:
              f"the mesh; got {self.name!r})"),
             (self.nodes >= 2, "scenario.nodes must be at least 2"),
             (self.rounds >= 1, "scenario.rounds must be at least 1"),
-            (bool(self.methods), "scenario.methods must name at least one method"),
             (self.data.partition in PARTITIONS, f"data.partition must be one of {', '.join(PARTITIONS)}"),
             (self.data.partition in ("iid", "dirichlet", "dominant", "missing")
              or 1 <= self.data.clusters <= self.nodes,
@@ -191,27 +155,6 @@ class Scenario:
              "data.dominant_classes must be >= 1, dominant_share in (0, 1], missing_classes >= 0"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
-        ]
-
-    def _shared_option_checks(self) -> list[tuple[bool, str]]:
-        """(holds, what to say if not) for the shared method tables, [pfedlia] and [central]."""
-        c = self.central
-        return [
-            (0 <= self.pfedlia.warmup_rounds < self.rounds or not any(m.startswith("pfedlia") for m in self.methods),
-             "pfedlia.warmup_rounds must be in [0, rounds)"),
-            (self.pfedlia.lia_epochs >= 1 and self.pfedlia.lia_batch >= 1, "pfedlia.lia_* must be positive"),
-            (c.k >= 0 and c.fesem_lambda >= 0, "central.k and fesem_lambda must be >= 0"),
-            (c.cfl_eps1 > 0 and c.cfl_eps2 > 0 and c.cfl_min_size >= 1, "central.cfl_* must be positive"),
-            (c.optics_min_samples >= 2 and 0 < c.optics_xi < 1, "central.optics_min_samples must be >= 2, "
-             "optics_xi in (0, 1)"),
-            (c.lia_timeout > 0, "central.lia_timeout must be positive"),
-            (c.fedfm_lambda >= 0 and c.fedfm_start >= 0 and c.fedfm_temperature > 0 and c.fedfm_every >= 1,
-             "central.fedfm_lambda and fedfm_start must be >= 0, fedfm_temperature > 0, fedfm_every >= 1"),
-            (c.indicator_per_class >= 1 and c.maml_inner_lr > 0,
-             "central.indicator_per_class must be >= 1 and maml_inner_lr > 0"),
-            ("ifca-cam" not in self.methods or c.cam_warmup < self.rounds,
-             f"central.cam_warmup ({c.cam_warmup}) must be below scenario.rounds ({self.rounds}): IFCA-CAM's "
-             "warm-up rounds would leave none for the cluster models"),
         ]
 
     def _check_scripted(self, where: str) -> None:
@@ -238,10 +181,11 @@ class Scenario:
                 raise ConfigError(f"{where}events[{i}] names node {ev.node} / round {ev.round} outside the scenario")
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], former: Sequence[str] = ()) -> dict[str, Any]:
     """Set TABLE.KEY=VALUE overrides (``p2pfed run --set``) in a scenario's TOML data, and
     methods.NAME.KEY=VALUE for a method's own table. VALUE is read as a TOML value (10, 0.5, true, ['a', 'b']:
-    quote strings inside lists), else taken as a string; keys are checked when the scenario is validated."""
+    quote strings inside lists), else taken as a string; keys are checked when the scenario is validated (a key
+    of a former table, whose keys have moved, too: the check says where it went)."""
     for item in overrides:
         key, sep, value = item.partition("=")
         path = key.strip().split(".")
@@ -249,7 +193,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if not sep or len(path) != depth or not all(path):
             raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE (e.g. data.clusters=10) or "
                               f"methods.NAME.KEY=VALUE")
-        if path[0] not in (*SCENARIO_TABLES, "methods"):
+        if path[0] not in (*SCENARIO_TABLES, "methods", *former):
             raise ConfigError(f"--set {item!r}: unknown table [{path[0]}]; choose one of "
                               f"{', '.join(SCENARIO_TABLES)} or methods.NAME")
         try:
@@ -277,13 +221,10 @@ def write_scenario(data: dict[str, Any], path: Path, header: str) -> None:
 def load_scenario(path: Path, overrides: Sequence[str] = (), moved: Moved | None = None) -> Scenario:
     """Read and validate a scenario TOML (with TABLE.KEY=VALUE overrides); errors name the file and key, and
     a key in moved says where it went."""
-    data = apply_overrides(read_toml(path), overrides)
+    moved = moved or {}
+    data = apply_overrides(read_toml(path), overrides, sorted({table for table, _ in moved}))
     try:
-        gone = [f"{table}.{key} is now methods.{method}.{new} ([methods.{method}] {new} = ...)"
-                for (table, key), (method, new) in (moved or {}).items()
-                if isinstance(data.get(table), dict) and key in data[table]]
-        if gone:
-            raise ConfigError("; ".join(gone))
+        _check_moved(data, moved)
         flat = dict(data.pop("scenario", {}))
         for key in SCENARIO_TABLES[1:]:
             if key in data:
@@ -304,6 +245,28 @@ def load_scenario(path: Path, overrides: Sequence[str] = (), moved: Moved | None
     except ConfigError as exc:
         raise ConfigError(f"{source(path, overrides)}: {exc}") from None
     return scenario
+
+
+def _check_moved(data: dict[str, Any], moved: Moved) -> None:
+    """Raise ConfigError naming where each key of a former shared table went (a table left empty goes too)."""
+    gone = []
+    for table in sorted({table for table, _ in moved}):
+        keys = data.get(table)
+        if not isinstance(keys, dict):
+            continue
+        for key in keys:
+            now = moved.get((table, key))
+            if now is None:
+                gone.append(f"{table}.{key} is not a known key (the [{table}] table is gone: a method's options "
+                            f"are in its own [methods.NAME] table)")
+            else:
+                method, new = now[0]
+                where = ", ".join(f"methods.{m}.{k}" for m, k in now)
+                gone.append(f"{table}.{key} is now {where} ([methods.{method}] {new} = ...)")
+        if not keys:
+            gone.append(f"the [{table}] table is gone: a method's options are in its own [methods.NAME] table")
+    if gone:
+        raise ConfigError("; ".join(gone))
 
 
 def source(path: Path, overrides: Sequence[str] = ()) -> str:

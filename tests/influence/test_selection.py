@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from p2pfed.influence.selection import mutual_clusters, select_peers, two_means
-from p2pfed.scenario.config import PFedLIAConfig
+from p2pfed.methods.pfedlia.options import P2POptions
 
 
 def test_clear_split_chooses_the_helpful_group() -> None:
@@ -63,7 +63,7 @@ def test_evenly_spread_scores_have_no_clear_split_so_every_helpful_peer_is_chose
     scores = {f"p{i}": float(v) for i, v in enumerate(values)}
     assert select_peers(scores) == sorted(scores)
     assert len(select_peers(scores, gap=0.75)) == 5  # a looser gap would split them in half
-    assert PFedLIAConfig().gap == 0.8  # the scenario's default is the same rule
+    assert P2POptions().gap == 0.8  # the scenario's default is the same rule
 
 
 def brute_force_2_means(values: list[float]) -> tuple[list[float], float]:

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from p2pfed.methods.central import Task
-from p2pfed.scenario.config import CentralConfig
 
 
 class FakeCoordinator:
@@ -22,7 +21,6 @@ class FakeCoordinator:
         self.initial = {"w": torch.zeros(dim)}
         self.answer = answer
         self.asked: list[tuple[str, str]] = []
-        self.options = CentralConfig()
 
     def build(self, seed: int) -> dict[str, torch.Tensor]:
         return {"w": torch.randn(len(self.initial["w"]), generator=torch.Generator().manual_seed(seed))}

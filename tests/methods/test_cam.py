@@ -8,9 +8,8 @@ import asyncio
 import torch
 from torch import nn
 
-from p2pfed.methods.cam import Additive, FeSEMCAMServer, IFCACAMServer
+from p2pfed.methods.cam import Additive, FeSEMCAMOptions, FeSEMCAMServer, IFCACAMOptions, IFCACAMServer
 from p2pfed.methods.central import Task, Update
-from p2pfed.scenario.config import CentralConfig
 from tests.methods.fake import FakeCoordinator, vec
 
 
@@ -22,7 +21,7 @@ def test_the_additive_model_sums_the_logits_of_its_parts() -> None:
 
 def test_ifca_cam_warms_up_with_fedavg_then_updates_clusters_by_eq6_and_the_global_model_by_eq9() -> None:
     ctx = FakeCoordinator(lambda n, t: None)
-    method = IFCACAMServer(ctx, CentralConfig(k=2, cam_warmup=1))
+    method = IFCACAMServer(ctx, IFCACAMOptions(k=2, warmup=1))
     asyncio.run(method.before_round(0, ["a", "b"]))
     task = method.train_task(0, "a")
     assert task.shared == 0 and len(task.models) == 1  # warm-up: plain FedAvg of the global model
@@ -50,7 +49,7 @@ def test_fesem_cam_warm_up_trains_local_epochs_and_clusters_them() -> None:
         seen.append(task)
         return Update(firsts[node], 10, {})
 
-    method = FeSEMCAMServer(FakeCoordinator(answer), CentralConfig(k=2, cam_warmup=3, fesem_lambda=0.2))
+    method = FeSEMCAMServer(FakeCoordinator(answer), FeSEMCAMOptions(k=2, warmup=3, lam=0.2))
     asyncio.run(method.before_round(0, sorted(firsts)))
     assert all(t.meta["epochs"] == 3 for t in seen)
     groups = method.clusters()
@@ -71,7 +70,7 @@ def test_fesem_cam_measures_distances_on_the_fully_connected_layers_only() -> No
     ctx = FakeCoordinator(lambda n, t: Update(firsts[n], 10, {}))
     ctx.initial = base
     ctx.module = lambda state: net  # type: ignore[method-assign]
-    method = FeSEMCAMServer(ctx, CentralConfig(k=2, cam_warmup=1))
+    method = FeSEMCAMServer(ctx, FeSEMCAMOptions(k=2, warmup=1))
     assert method.fc_keys == ["2.weight", "2.bias"]
     asyncio.run(method.before_round(0, sorted(firsts)))
     groups = method.clusters()

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from p2pfed.methods.central import ServerMethod, Task, Update, pack, participates, unpack
-from p2pfed.scenario.config import CentralConfig
 from p2pfed.wire import WireError
 from tests.methods.fake import FakeCoordinator, vec
 
@@ -35,7 +34,7 @@ def test_participation_is_the_fraction_and_the_same_everywhere() -> None:
 
 def test_groups_average_their_own_updates_by_samples_and_untouched_groups_keep_their_model() -> None:
     ctx = FakeCoordinator(lambda n, t: None)
-    method = ServerMethod(ctx, CentralConfig())
+    method = ServerMethod(ctx, None)
     asyncio.run(method.before_round(0, ["a", "b", "c"]))
     method.models[1] = vec(5, 5, 5, 5)
     method.place("c", 1)

@@ -7,11 +7,10 @@ import asyncio
 import torch
 
 from p2pfed.methods.central import Update
-from p2pfed.methods.cfl import CFLServer, bipartition
-from p2pfed.scenario.config import CentralConfig
+from p2pfed.methods.cfl import CFLOptions, CFLServer, bipartition
 from tests.methods.fake import FakeCoordinator
 
-OPTIONS = CentralConfig(cfl_eps1=0.5, cfl_eps2=1.0, cfl_warmup=0, cfl_min_size=2)
+OPTIONS = CFLOptions(eps1=0.5, eps2=1.0, warmup=0, min_size=2)
 E = torch.eye(4)
 
 
@@ -65,7 +64,7 @@ def test_members_absent_at_a_split_wait_until_the_halves_differ_then_take_the_be
 
 
 def test_no_split_before_the_warm_up_or_while_the_cluster_still_learns() -> None:
-    method = CFLServer(FakeCoordinator(lambda n, t: None), CentralConfig(cfl_eps1=0.5, cfl_eps2=1.0, cfl_warmup=3))
+    method = CFLServer(FakeCoordinator(lambda n, t: None), CFLOptions(eps1=0.5, eps2=1.0, warmup=3))
     nodes = [f"a{i}" for i in range(4)]
     asyncio.run(method.before_round(0, nodes))
     train(method, 0, {n: (E[0] if i < 2 else -E[0]) for i, n in enumerate(nodes)})

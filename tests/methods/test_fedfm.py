@@ -8,8 +8,7 @@ import asyncio
 import torch
 
 from p2pfed.methods.central import Task, Update
-from p2pfed.methods.fedfm import FedFMLiteServer, FedFMServer, matching_loss
-from p2pfed.scenario.config import CentralConfig
+from p2pfed.methods.fedfm import FedFMLiteOptions, FedFMLiteServer, FedFMOptions, FedFMServer, matching_loss
 from tests.methods.fake import FakeCoordinator, vec
 
 ANCHORS = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
@@ -53,11 +52,11 @@ def anchors_update(a: list[list[float]], c: list[float]) -> Update:
 def test_global_anchors_are_count_weighted_or_uniform() -> None:
     ups = {"a": anchors_update([[1, 0], [0, 0], [0, 0]], [3, 0, 0]),
            "b": anchors_update([[0, 1], [0, 1], [0, 0]], [1, 2, 0])}
-    weighted = FedFMServer(fedfm_ctx(), CentralConfig())
+    weighted = FedFMServer(fedfm_ctx(), FedFMOptions())
     weighted.aggregate_anchors(ups)
     assert weighted.anchors is not None and weighted.have is not None
     assert torch.allclose(weighted.anchors[0], torch.tensor([0.75, 0.25])) and weighted.have.tolist() == [1, 1, 0]
-    uniform = FedFMServer(fedfm_ctx(), CentralConfig(fedfm_uniform=True))
+    uniform = FedFMServer(fedfm_ctx(), FedFMOptions(uniform=True))
     uniform.aggregate_anchors(ups)
     assert uniform.anchors is not None and torch.allclose(uniform.anchors[0], torch.tensor([0.5, 0.5]))
 
@@ -71,13 +70,13 @@ def test_fedfm_asks_for_anchors_before_training_and_lite_sends_models_every_a_ro
 
     ctx = fedfm_ctx()
     ctx.answer = answer
-    server = FedFMServer(ctx, CentralConfig(fedfm_start=1))
+    server = FedFMServer(ctx, FedFMOptions(start=1))
     asyncio.run(server.before_round(0, ["a"]))
     assert asked == [] and "fm" not in server.train_task(0, "a").meta  # FedAvg before T_s
     asyncio.run(server.before_round(1, ["a"]))
     assert asked == ["compute"] and server.train_task(1, "a").aux["have"].tolist() == [1, 1, 0]
     assert server.train_task(1, "a").models == [] and len(server.train_task(1, "b").models) == 1  # a holds it
-    lite = FedFMLiteServer(fedfm_ctx(), CentralConfig(fedfm_start=2, fedfm_every=3))
+    lite = FedFMLiteServer(fedfm_ctx(), FedFMLiteOptions(start=2, every=3))
     plan = [len(lite.train_task(r, "a").models) for r in range(2, 9)]
     assert plan == [1, 0, 0, 1, 0, 0, 1]  # the model travels in rounds T_s, T_s + a, ...
     lite.aggregate(3, {"a": Update(None, 5, {}, aux={"anchors": ANCHORS, "counts": torch.tensor([1.0, 1, 0])})})

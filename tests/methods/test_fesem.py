@@ -7,8 +7,7 @@ import asyncio
 import torch
 
 from p2pfed.methods.central import Task, Update
-from p2pfed.methods.fesem import FeSEMServer
-from p2pfed.scenario.config import CentralConfig
+from p2pfed.methods.fesem import FeSEMOptions, FeSEMServer
 from tests.methods.fake import FakeCoordinator, vec
 
 FIRST = {"n0": vec(1, 1, 0, 0), "n1": vec(1.2, 0.9, 0, 0), "n2": vec(0.9, 1.1, 0, 0),
@@ -22,7 +21,7 @@ def first_local_models(node: str, task: Task) -> Update:
 
 def test_initial_centers_by_kmeans_then_nodes_move_to_the_nearest_center() -> None:
     ctx = FakeCoordinator(first_local_models, clusters=2)
-    method = FeSEMServer(ctx, CentralConfig(fesem_lambda=0.05))
+    method = FeSEMServer(ctx, FeSEMOptions(lam=0.05))
     asyncio.run(method.before_round(0, sorted(FIRST)))
     groups = method.clusters()
     assert groups["n0"] == groups["n1"] == groups["n2"] != groups["n3"] == groups["n4"] == groups["n5"]
@@ -40,12 +39,12 @@ def test_initial_centers_by_kmeans_then_nodes_move_to_the_nearest_center() -> No
 
 def test_a_node_that_joins_later_chooses_the_center_that_fits_it_until_it_has_a_local_model() -> None:
     ctx = FakeCoordinator(first_local_models, clusters=2)
-    method = FeSEMServer(ctx, CentralConfig())
+    method = FeSEMServer(ctx, FeSEMOptions())
     asyncio.run(method.before_round(0, sorted(FIRST)))
     asyncio.run(method.before_round(1, [*sorted(FIRST), "late"]))
     task = method.train_task(1, "late")
     assert len(task.models) == 2 and sorted(task.groups) == [0, 1]
     state, data = method.state()[1], method.state()[0]
-    again = FeSEMServer(ctx, CentralConfig())
+    again = FeSEMServer(ctx, FeSEMOptions())
     again.restore(data, state)
     assert again.clusters() == method.clusters() and set(again.local) == set(FIRST)

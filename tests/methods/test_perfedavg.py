@@ -69,7 +69,7 @@ def scenario_file(tmp_path: Path, table: str) -> Path:
     ("inner_lr = 'fast'", [], "methods.perfedavg.inner_lr must be float (got str 'fast')"),
     ("", ["methods.perfedavg.inner_lr=-1"], "methods.perfedavg.inner_lr must be > 0 (got -1.0)"),
     ("", ["methods.nosuch.x=1"], "[methods.nosuch]: 'nosuch' is not a known method"),
-    ("", ["methods.fedavg.x=1"], "[methods.fedavg]: fedavg has no table of its own (yet)"),
+    ("", ["methods.fedavg.x=1"], "[methods.fedavg]: fedavg has no options"),
 ])
 def test_an_option_that_cannot_work_is_named_with_its_file_and_key(
         tmp_path: Path, table: str, overrides: list[str], message: str) -> None:

@@ -14,6 +14,7 @@ from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.launch.runner import prepare_data
 from p2pfed.learn.train import state_of, train_copy
 from p2pfed.methods.central import pack, unpack
+from p2pfed.methods.pfedlia.central import PFedLIACentralServer
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
 from p2pfed.scenario.config import load_scenario
@@ -65,7 +66,8 @@ async def test_a_compute_task_of_pfedlia_is_answered_with_the_partial_model_and_
     reply = await node._on_task(task("compute", "pfedlia-central", [w0]))
     assert reply is not None and reply.type == "model" and reply.body["kind"] == "update"
     [partial] = unpack(reply.tensors, node.reference)
-    cfg, n = node.scenario.pfedlia, min(node.scenario.pfedlia.lia_batch, node.data.samples)
+    cfg = PFedLIACentralServer.options_from(node.scenario)
+    n = min(cfg.lia_batch, node.data.samples)
     expected = train_copy(node.model, w0, node.data.x_train[:n], node.data.y_train[:n], epochs=cfg.lia_epochs,
                           batch_size=node.cfg.batch_size, lr=cfg.lia_lr, seed=node.scenario.seed + 1,
                           device=node.device)

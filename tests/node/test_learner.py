@@ -35,7 +35,7 @@ methods = ["pfedlia-p2p"]
 [data]
 dataset = "digits"
 clusters = 2
-[pfedlia]
+[methods.pfedlia-p2p]
 warmup_rounds = 2
 """
 

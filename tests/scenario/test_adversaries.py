@@ -33,7 +33,7 @@ max_train = 24
 epochs = 2
 lr = 0.1
 round_timeout = 20
-[pfedlia]
+[methods.pfedlia-p2p]
 warmup_rounds = 3
 lia_epochs = 10
 lia_batch = 24

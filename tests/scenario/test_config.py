@@ -9,9 +9,11 @@ import pytest
 
 from p2pfed.config import ConfigError
 from p2pfed.methods import load_checked
+from p2pfed.methods.pfedlia.options import P2POptions
+from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
 
 BASE = ("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['pfedlia-p2p']\n[data]\nclusters = 2\n"
-        "[pfedlia]\nwarmup_rounds = 2\n")
+        "[methods.pfedlia-p2p]\nwarmup_rounds = 2\n")
 EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
 
 
@@ -35,21 +37,45 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["data.missing_classes=-1"], "missing_classes >= 0"),
     (["train.lr=0"], "train.epochs, train.batch_size and train.lr must be positive"),
     (["train.batch_size=0"], "train.epochs, train.batch_size and train.lr must be positive"),
-    (["pfedlia.warmup_rounds=5"], "pfedlia.warmup_rounds must be in [0, rounds)"),
-    (["pfedlia.lia_batch=0"], "pfedlia.lia_* must be positive"),
-    (["central.k=-1"], "central.k and fesem_lambda must be >= 0"),
-    (["central.prox_mu=0.1"], "central.prox_mu is now methods.fedprox.mu ([methods.fedprox] mu = ...)"),
+    (["methods.pfedlia-p2p.warmup_rounds=5"],
+     "methods.pfedlia-p2p.warmup_rounds (5) must be in [0, scenario.rounds = 5): the influence phase runs in that"),
+    (["methods.pfedlia-p2p.lia_batch=0"], "methods.pfedlia-p2p.lia_epochs, lia_batch and lia_lr must be positive"),
+    (["methods.pfedlia-p2p.gap=1.5"], "methods.pfedlia-p2p.gap must be in [0, 1] (got 1.5)"),
+    (["methods.fesem.k=-1"], "methods.fesem.k must be >= 0 (0: data.clusters; got -1)"),
+    (["methods.fesem.lam=-1"], "methods.fesem.lam must be >= 0 (got -1.0)"),
+    (["scenario.methods=['fesem']", "methods.fesem.k=9"], "methods.fesem.k (9) must not exceed scenario.nodes (4)"),
+    (["scenario.methods=['ifca-cam']", "methods.ifca-cam.warmup=5"],
+     "methods.ifca-cam.warmup (5) must be in [0, scenario.rounds = 5): the warm-up would leave no round"),
+    (["methods.fesem-cam.warmup=0"], "methods.fesem-cam.warmup must be >= 1 and lam >= 0 (got 0, 0.01)"),
+    (["methods.cfl.eps2=0"], "methods.cfl.eps1 and eps2 must be > 0, min_size >= 1 and warmup >= 0"),
+    (["methods.pfedlia-central.optics_min_samples=1"],
+     "methods.pfedlia-central.optics_min_samples must be >= 2 and optics_xi in (0, 1) (got 1, 0.05)"),
+    (["methods.pfedlia-central.optics_xi=1"], "optics_xi in (0, 1) (got 3, 1.0)"),
+    (["methods.pfedlia-central.lia_timeout=0"], "methods.pfedlia-central.lia_timeout must be > 0 (got 0.0)"),
+    (["methods.fedfm-lite.every=0"], "methods.fedfm-lite.every must be >= 1 (got 0)"),
+    (["methods.fedfm-l2.temperature=0"], "methods.fedfm-l2.lam and start must be >= 0 and temperature > 0"),
+    (["methods.feddsmic.indicator_per_class=0"], "methods.feddsmic.indicator_per_class must be >= 1, inner_lr > 0"),
+    (["methods.fedds.inner_lr=0"], "methods.fedds.indicator_per_class must be >= 1, inner_lr > 0 and warmup >= 1 "
+     "(got 10, 0.0, 5)"),
     (["methods.fedprox.mu=-0.1"], "methods.fedprox.mu must be >= 0 (got -0.1)"),
-    (["central.cfl_eps2=0"], "central.cfl_* must be positive"),
-    (["central.optics_min_samples=1"], "central.optics_min_samples must be >= 2, optics_xi in (0, 1)"),
-    (["central.optics_xi=1"], "optics_xi in (0, 1)"),
-    (["central.lia_timeout=0"], "central.lia_timeout must be positive"),
-    (["central.fedfm_every=0"], "fedfm_temperature > 0, fedfm_every >= 1"),
-    (["central.fedfm_temperature=0"], "fedfm_temperature > 0"),
-    (["central.indicator_per_class=0"], "central.indicator_per_class must be >= 1 and maml_inner_lr > 0"),
-    (["central.maml_inner_lr=0"], "maml_inner_lr > 0"),
+    (["methods.fedavg.mu=0.1"], "[methods.fedavg]: fedavg has no options"),
+    (["methods.fesem.kk=2"], "methods.fesem.kk is not a known key (known: k, lam)"),
+    # the former shared tables: each key says where it went, to every method that has it now
+    (["central.prox_mu=0.1"], "central.prox_mu is now methods.fedprox.mu ([methods.fedprox] mu = ...)"),
     (["central.fomo_epsilon=0.1"], "central.fomo_epsilon is now methods.fedfomo.epsilon"),
     (["central.proto_lambda=1"], "central.proto_lambda is now methods.fedproto.lam ([methods.fedproto] lam = ...)"),
+    (["central.cfl_eps1=0.1"], "central.cfl_eps1 is now methods.cfl.eps1 ([methods.cfl] eps1 = ...)"),
+    (["central.k=2"], "central.k is now methods.fesem.k, methods.ifca.k, methods.ifca-cam.k, methods.fesem-cam.k, "
+     "methods.feddsmic.k, methods.fedds.k ([methods.fesem] k = ...)"),
+    (["central.cam_warmup=3"], "central.cam_warmup is now methods.ifca-cam.warmup, methods.fesem-cam.warmup, "
+     "methods.feddsmic.warmup, methods.fedds.warmup"),
+    (["central.fedfm_lambda=1"], "central.fedfm_lambda is now methods.fedfm.lam, methods.fedfm-l2.lam, "
+     "methods.fedfm-lite.lam ([methods.fedfm] lam = ...)"),
+    (["pfedlia.lia_batch=50"], "pfedlia.lia_batch is now methods.pfedlia-central.lia_batch, "
+     "methods.pfedlia-p2p.lia_batch ([methods.pfedlia-central] lia_batch = ...)"),
+    (["pfedlia.gap=0.5"], "pfedlia.gap is now methods.pfedlia-p2p.gap ([methods.pfedlia-p2p] gap = ...)"),
+    (["central.nope=1"], "central.nope is not a known key (the [central] table is gone: a method's options are "
+     "in its own [methods.NAME] table)"),
     (["methods.fedfomo.epsilon=2"], "methods.fedfomo.epsilon must be in [0, 1] (got 2.0)"),
     (["methods.fedfomo.m=0"], "methods.fedfomo.m must be >= 1 (got 0)"),
     (["methods.fedproto.lam=-1"], "methods.fedproto.lam must be >= 0 (got -1.0)"),
@@ -85,8 +111,9 @@ def test_a_scripted_event_that_cannot_happen_is_named(tmp_path: Path, events: st
 def test_a_valid_scenario_loads_with_its_settings(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
     path.write_text(BASE + EVENT.format(round=1, action="crash", node=0))
-    s = load_checked(path, ["train.participation=1", "pfedlia.warmup_rounds=4"])
-    assert (s.nodes, s.rounds, s.train.participation, s.pfedlia.warmup_rounds) == (4, 5, 1.0, 4)
+    s = load_checked(path, ["train.participation=1", "methods.pfedlia-p2p.warmup_rounds=4"])
+    assert (s.nodes, s.rounds, s.train.participation) == (4, 5, 1.0)
+    assert PFedLIAP2P.options_from(s) == P2POptions(warmup_rounds=4)
     assert s.events[0].action == "crash" and s.path == str(path)
     assert s.mesh_for("fedavg").mesh == s.mesh_name("fedavg") == f"{s.name}-fedavg"
     assert s.mesh_for("fedavg").heartbeat == s.mesh.heartbeat and s.mesh.mesh == "default"
@@ -104,7 +131,10 @@ def test_a_valid_scenario_loads_with_its_settings(tmp_path: Path) -> None:
 def test_a_methods_key_that_is_not_a_table_of_tables_is_named(
         tmp_path: Path, text: str, settings: list[str], message: str) -> None:
     path = tmp_path / "s.toml"
-    path.write_text(text + BASE)  # a top-level key before the file's first table
+    # a top-level key before the file's first table; no [methods.NAME] table of its own (pFedLIA's default
+    # warm-up of 5 rounds needs a sixth)
+    base = BASE.replace("[methods.pfedlia-p2p]\nwarmup_rounds = 2\n", "").replace("rounds = 5", "rounds = 6")
+    path.write_text(text + base)
     with pytest.raises(ConfigError) as caught:
         load_checked(path, settings)
     assert message in str(caught.value)

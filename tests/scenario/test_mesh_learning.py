@@ -35,7 +35,12 @@ lr = 0.05
 participation = 1.0
 round_timeout = 20
 
-[pfedlia]
+[methods.pfedlia-p2p]
+warmup_rounds = 3
+lia_epochs = 10
+lia_batch = 60
+
+[methods.pfedlia-central]
 warmup_rounds = 3
 lia_epochs = 10
 lia_batch = 60

@@ -1,4 +1,5 @@
 """pFedLIA (paper 002): lazy influence of peers' partial models, then personalised FedAvg with the peers that
 help. ``p2p``: every node scores its peers and picks its own with a local 2-means split; ``central``: a
 coordinator clusters the influence matrix with OPTICS. Both score with influence/lazy_influence.py and
-take their options from the scenario's ``[pfedlia]`` table."""
+take their options from their own tables, ``[methods.pfedlia-p2p]`` and ``[methods.pfedlia-central]``
+(options.py)."""

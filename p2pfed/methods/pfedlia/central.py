@@ -1,7 +1,7 @@
 """pFedLIA with a center (paper 002, "Centralized"): warm-up FedAvg, one round of lazy influence scoring,
 OPTICS on the N×N influence matrix (no number of clusters given), then FedAvg inside each cluster.
 
-The influence phase runs once, at round ``pfedlia.warmup_rounds`` (W): the center sends the warm-up
+The influence phase runs once, at round ``warmup_rounds`` (W): the center sends the warm-up
 model w0 to every live node, each trains its partial model on a batch of its data (as in the p2p
 method) and sends it back; the center sends every node all partial models, and each node returns the
 lazy influence of each on its own validation split: row i of the matrix is node i's view of everyone.
@@ -9,9 +9,9 @@ lazy influence of each on its own validation split: row i of the matrix is node 
 Choices where the paper is silent, and why:
 - OPTICS clusters the rows after standardising each (zero mean, unit variance): nodes differ in the scale
   of their validation loss, and the pattern of whom a node gains from is what identifies its cluster.
-  ``central.optics_min_samples`` and ``optics_xi`` are OPTICS's own parameters. min_samples defaults
-  to 3: on simulated block matrices with clusters of 4 and noisy rows (tests/methods/
-  test_pfedlia_central.py), 2 split clusters into pairs now and then (mean ARI 0.95 over 30 draws)
+  ``optics_min_samples`` and ``optics_xi`` (``[methods.pfedlia-central]``) are OPTICS's own parameters.
+  min_samples defaults to 3: on simulated block matrices with clusters of 4 and noisy rows (tests/methods/
+  pfedlia/test_central.py), 2 split clusters into pairs now and then (mean ARI 0.95 over 30 draws)
   and 4 merged small clusters (0.83), while 3 recovered every draw. ``optics_xi`` keeps
   scikit-learn's default 0.05 (0.1 and 0.2 did the same there).
 - Noise points (OPTICS label −1), and members of an OPTICS cluster whose own row says they gain nothing
@@ -30,7 +30,6 @@ the node's partial model, a ``note`` task with w0 and the partial models with th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ from sklearn.cluster import OPTICS
 
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, keyed, unkeyed
-from p2pfed.scenario.config import PFedLIAConfig, Scenario
+from p2pfed.methods.pfedlia.options import CentralOptions
 from p2pfed.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -64,17 +63,6 @@ def best_cluster(row: dict[str, float], groups: dict[str, int]) -> int | None:
     return g if best > 0 else None
 
 
-@dataclass(frozen=True)
-class CentralOptions:
-    """pFedLIA-central's options: the influence phase's ([pfedlia]), OPTICS's and the scoring deadline
-    ([central])."""
-
-    lia: PFedLIAConfig = field(default_factory=PFedLIAConfig)
-    optics_min_samples: int = 3
-    optics_xi: float = 0.05
-    lia_timeout: float = 300.0  # every node scores every partial model: longer than a round's task
-
-
 class PFedLIAClient(ClientMethod):
     """The node side: its partial model (a compute task with w0), and its scores (a note task with w0 and the
     partial models, named by node)."""
@@ -84,7 +72,7 @@ class PFedLIAClient(ClientMethod):
     async def compute(self, task: Task) -> Update:
         if len(task.candidates) != 1:
             raise WireError("pfedlia: a partial model is trained from one model, w0")
-        cfg = self.options.lia
+        cfg = self.options
         partial = await self.node.train_copy(task.candidates[0], cfg.lia_batch, cfg.lia_epochs, cfg.lia_lr)
         return Update(partial, 0, {"choice": 0})
 
@@ -102,7 +90,7 @@ class PFedLIACentralServer(ServerMethod):
     """Warm-up FedAvg (group 0), influence phase at round W, then FedAvg per OPTICS cluster."""
 
     name = "pfedlia-central"
-    option_keys = ("optics_min_samples", "optics_xi", "lia_timeout")
+    options_type = CentralOptions
     client = PFedLIAClient
     options: CentralOptions
 
@@ -112,14 +100,9 @@ class PFedLIACentralServer(ServerMethod):
         self.w0: dict[str, torch.Tensor] | None = None
         self.matrix: dict[str, dict[str, float]] = {}
 
-    @classmethod
-    def options_from(cls, scenario: Scenario) -> CentralOptions:
-        c = scenario.central
-        return CentralOptions(scenario.pfedlia, c.optics_min_samples, c.optics_xi, c.lia_timeout)
-
     @property
     def warmup(self) -> int:
-        return self.options.lia.warmup_rounds
+        return self.options.warmup_rounds
 
     def admit(self, node: str) -> None:
         if self.w0 is None:  # warm-up: everyone in one FedAvg group

@@ -24,7 +24,7 @@ import torch
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.influence.selection import select_peers
 from p2pfed.methods.base import Method, NodeContext
-from p2pfed.scenario.config import PFedLIAConfig, Scenario
+from p2pfed.methods.pfedlia.options import P2POptions
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +35,14 @@ class PFedLIAP2P(Method):
     name = "pfedlia-p2p"
     notes: ClassVar[frozenset[str]] = frozenset({"choices"})
 
-    def __init__(self, node: NodeContext, options: PFedLIAConfig) -> None:
+    options_type = P2POptions
+
+    def __init__(self, node: NodeContext, options: P2POptions) -> None:
         super().__init__(node, options)
         self.cfg = options
         self.chosen: set[str] | None = None  # None until the influence phase ran
         self.choosers: set[str] = set()  # peers that chose this node: they get its model
         self.chosen_scores: dict[str, float] = {}
-
-    @classmethod
-    def options_from(cls, scenario: Scenario) -> PFedLIAConfig:
-        return scenario.pfedlia
 
     def sources(self, rnd: int) -> set[str]:
         if self.chosen is None:

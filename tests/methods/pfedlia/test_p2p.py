@@ -8,8 +8,8 @@ import torch
 
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.learn.tasks import CLASSIFICATION
+from p2pfed.methods.pfedlia.options import P2POptions
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
-from p2pfed.scenario.config import PFedLIAConfig
 
 
 class FakeNode:
@@ -88,7 +88,7 @@ SCORES = {"a": 2.0, "b": 1.9, "c": -3.0, "d": -3.1}
 
 async def test_warm_up_averages_with_everyone_then_the_influence_phase_chooses_the_helpful_peers() -> None:
     node = FakeNode("me", list(SCORES), SCORES, {})
-    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=2))
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=2))
     await method.before_round(1)
     assert method.sources(1) == method.subscribers(1) == set(SCORES) and node.sent == []
     await method.before_round(2)
@@ -109,7 +109,7 @@ async def test_warm_up_averages_with_everyone_then_the_influence_phase_chooses_t
 
 async def test_only_live_chosen_peers_count_and_a_reappearing_peer_is_told_the_choice_again() -> None:
     node = FakeNode("me", list(SCORES), SCORES, {})
-    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=0))
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=0))
     await method.before_round(0)
     method.on_note("choices", "b", 0, {"me": 1.0})
     node.peers = ["b", "c"]  # a has died
@@ -117,16 +117,16 @@ async def test_only_live_chosen_peers_count_and_a_reappearing_peer_is_told_the_c
     await method.on_peer_back("a")
     assert node.announced[-1] == (["a", "b"], ["a"])
     state = method.state()
-    again = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=0))
+    again = ScoredPFedLIA(node, P2POptions(warmup_rounds=0))
     again.restore(state)
     assert again.state() == state and again.chosen == {"a", "b"} and again.choosers == {"b"}
-    assert again.report() == {"chosen": ["a", "b"]} and PFedLIAP2P(node, PFedLIAConfig()).report() == {"chosen": None}
+    assert again.report() == {"chosen": ["a", "b"]} and PFedLIAP2P(node, P2POptions()).report() == {"chosen": None}
 
 
 async def test_a_late_joiner_fetches_w0_and_kept_partials_and_chooses_without_a_new_phase() -> None:
     keeps = {"a": {"partial"}, "b": {"w0", "partial"}, "c": {"w0", "partial"}, "d": {"w0", "partial"}}
     node = FakeNode("late", list(SCORES), SCORES, keeps)
-    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=2))
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=2))
     await method.before_round(7)
     assert node.fetched[:2] == [("a", "w0"), ("b", "w0")]  # the first peer that keeps w0 gives it
     assert node.loaded is not None and node.trained_partial == 1  # it keeps its own partial for later joiners
@@ -136,7 +136,7 @@ async def test_a_late_joiner_fetches_w0_and_kept_partials_and_chooses_without_a_
 
 async def test_a_late_joiner_that_cannot_fetch_w0_trains_alone() -> None:
     node = FakeNode("late", ["a", "b"], SCORES, {"a": {"partial"}, "b": {"partial"}})
-    method = ScoredPFedLIA(node, PFedLIAConfig(warmup_rounds=2))
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=2))
     await method.before_round(5)
     assert method.chosen == set() and method.sources(6) == set()
     assert node.loaded is None and node.trained_partial == 0 and node.announced == []
@@ -158,6 +158,6 @@ async def test_the_lazy_influence_of_partial_models_is_scored_from_the_kept_w0_o
     node.kept["w0"] = w0
     with torch.no_grad():
         model.weight.add_(5.0)  # the node's model moved on since w0: the scores are still against w0
-    scores = await PFedLIAP2P(node, PFedLIAConfig()).score(partials)
+    scores = await PFedLIAP2P(node, P2POptions()).score(partials)
     expected = score_peers(model, w0, [partials[n] for n in ["a", "b", "c"]], x_val, y_val, torch.device("cpu"))
     assert list(scores) == ["a", "b", "c"] and list(scores.values()) == expected

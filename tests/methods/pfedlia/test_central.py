@@ -12,8 +12,8 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from p2pfed.methods.central import Task, Update
-from p2pfed.methods.pfedlia.central import CentralOptions, PFedLIACentralServer, best_cluster, optics_clusters
-from p2pfed.scenario.config import CentralConfig, PFedLIAConfig
+from p2pfed.methods.pfedlia.central import PFedLIACentralServer, best_cluster, optics_clusters
+from p2pfed.methods.pfedlia.options import CentralOptions
 from tests.methods.fake import FakeCoordinator
 
 TRUE = [0] * 4 + [1] * 4 + [2] * 4
@@ -31,7 +31,7 @@ def test_optics_recovers_the_blocks_of_the_influence_matrix() -> None:
         rng = np.random.default_rng(seed)
         for n in (12, 11):
             matrix = np.array([[influence(i, j, rng) for j in range(12)] for i in range(n)])
-            labels = optics_clusters(matrix, CentralConfig().optics_min_samples, CentralConfig().optics_xi)
+            labels = optics_clusters(matrix, CentralOptions().optics_min_samples, CentralOptions().optics_xi)
             assert adjusted_rand_score(TRUE[:n], labels) == 1.0, (seed, n, labels)
 
 
@@ -52,7 +52,7 @@ def test_the_influence_phase_through_tasks_and_a_late_joiner() -> None:
         return {name: influence(i, int(name[1:]), rng) for name in task.names}
 
     ctx = FakeCoordinator(answer)
-    method = PFedLIACentralServer(ctx, CentralOptions(PFedLIAConfig(warmup_rounds=2)))
+    method = PFedLIACentralServer(ctx, CentralOptions(warmup_rounds=2))
     asyncio.run(method.before_round(0, NAMES[:-1]))  # warm-up: one FedAvg group
     assert set(method.clusters().values()) == {0}
     asyncio.run(method.before_round(2, NAMES[:-1]))  # round W: partial models, scores, OPTICS
@@ -74,7 +74,7 @@ def test_a_pair_too_small_for_optics_still_ends_up_together() -> None:
             return Update({"w": torch.zeros(4)}, 10, {})
         return rows[node]
 
-    method = PFedLIACentralServer(FakeCoordinator(answer), CentralOptions(PFedLIAConfig(warmup_rounds=0)))
+    method = PFedLIACentralServer(FakeCoordinator(answer), CentralOptions(warmup_rounds=0))
     asyncio.run(method.before_round(0, sorted(rows)))
     found = method.clusters()
     assert adjusted_rand_score(true, [found[f"n{i}"] for i in range(8)]) == 1.0
@@ -94,7 +94,7 @@ def test_a_node_that_answers_the_partial_step_with_other_than_one_model_is_left_
         return {name: rows[node][name] for name in task.names}
 
     ctx = FakeCoordinator(answer)
-    method = PFedLIACentralServer(ctx, CentralOptions(PFedLIAConfig(warmup_rounds=0)))
+    method = PFedLIACentralServer(ctx, CentralOptions(warmup_rounds=0))
     with caplog.at_level(logging.WARNING, logger="p2pfed.methods.pfedlia.central"):
         asyncio.run(method.before_round(0, sorted(rows)))
     assert sorted(method.partials) == ["n00", "n01", "n02", "n03", "n04"]

@@ -1,0 +1,65 @@
+"""pFedLIA's options: the influence phase's, the same for both forms, then each form's own, in the tables
+``[methods.pfedlia-p2p]`` and ``[methods.pfedlia-central]`` (once the shared ``[pfedlia]`` table, and
+``[central]`` for OPTICS and the scoring deadline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from p2pfed.config import ConfigError
+from p2pfed.methods.options import MethodOptions, below_rounds
+from p2pfed.scenario.config import Scenario
+
+_PHASE = ("warmup_rounds", "lia_epochs", "lia_batch", "lia_lr")
+
+
+@dataclass(frozen=True)
+class InfluenceOptions(MethodOptions):
+    """The influence phase: its round W, and how each node trains its partial model from w0."""
+
+    warmup_rounds: int = 5  # W: FedAvg rounds that make w0; the phase runs in round W
+    lia_epochs: int = 20  # epochs of a partial model on its batch
+    lia_batch: int = 100  # samples in that batch
+    lia_lr: float = 0.05
+
+    def validate(self, where: str) -> None:
+        if self.lia_epochs < 1 or self.lia_batch < 1 or not self.lia_lr > 0:
+            raise ConfigError(f"{where}lia_epochs, lia_batch and lia_lr must be positive (got {self.lia_epochs}, "
+                              f"{self.lia_batch}, {self.lia_lr})")
+
+    def within(self, scenario: Scenario, where: str) -> None:
+        below_rounds(self.warmup_rounds, "warmup_rounds", scenario, where, "the influence phase runs in that round")
+
+
+@dataclass(frozen=True)
+class P2POptions(InfluenceOptions):
+    """pFedLIA-p2p's: the phase's, and how much of the scores' variance a 2-means split must explain."""
+
+    gap: float = 0.8  # influence/selection.py: below it, a node keeps every peer
+    moved: ClassVar[dict[str, str]] = {f"pfedlia.{key}": key for key in (*_PHASE, "gap")}
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if not 0 <= self.gap <= 1:
+            raise ConfigError(f"{where}gap must be in [0, 1] (got {self.gap})")
+
+
+@dataclass(frozen=True)
+class CentralOptions(InfluenceOptions):
+    """pFedLIA-central's: the phase's, OPTICS's own parameters and the scoring deadline."""
+
+    optics_min_samples: int = 3
+    optics_xi: float = 0.05
+    lia_timeout: float = 300.0  # every node scores every partial model: longer than a round's task
+    moved: ClassVar[dict[str, str]] = {
+        **{f"pfedlia.{key}": key for key in _PHASE},
+        **{f"central.{key}": key for key in ("optics_min_samples", "optics_xi", "lia_timeout")}}
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if self.optics_min_samples < 2 or not 0 < self.optics_xi < 1:
+            raise ConfigError(f"{where}optics_min_samples must be >= 2 and optics_xi in (0, 1) (got "
+                              f"{self.optics_min_samples}, {self.optics_xi})")
+        if not self.lia_timeout > 0:
+            raise ConfigError(f"{where}lia_timeout must be > 0 (got {self.lia_timeout})")
