@@ -288,10 +288,10 @@ def _add_run_commands(sub: Any) -> None:
                                  "(same scenario only)")
     p.add_argument("--methods", help="run only these of the scenario's methods (comma-separated)")
     p.add_argument("--set", dest="overrides", action="append", metavar="TABLE.KEY=VALUE", default=[],
-                   help="change one setting of the scenario, e.g. --set scenario.seed=1 --set data.clusters=10 "
-                        "or --set \"scenario.methods=['ifca']\", or a method's own option: --set "
-                        "methods.perfedavg.inner_lr=0.02 (a TOML value; repeatable; the run folder's "
-                        "scenario.toml records the result)")
+                   help="change one setting of the scenario, e.g. --set scenario.seed=1 --set "
+                        "data.partition.clusters=10 or --set \"scenario.methods=['ifca']\", or a method's own "
+                        "option: --set methods.perfedavg.inner_lr=0.02 (a TOML value; repeatable; the run "
+                        "folder's scenario.toml records the result)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.set_defaults(func=cmd_run)

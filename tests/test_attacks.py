@@ -227,8 +227,7 @@ rounds = {rounds}
 methods = ["fedavg-p2p"]
 [data]
 dataset = "digits"
-clusters = 1
-partition = "iid"
+partition.kind = "iid"
 max_train = 16
 [train]
 round_timeout = {timeout}

@@ -70,7 +70,8 @@ def test_config_errors_name_the_file_and_key(tmp_path: Path) -> None:
 def test_a_coordinator_and_nodes_that_take_their_method_from_it(tmp_path: Path) -> None:
     scenario = tmp_path / "s.toml"
     scenario.write_text("[scenario]\nname = 'cli'\nnodes = 3\nrounds = 3\nmethods = ['fedavg']\n"
-                        "[data]\nmax_train = 16\nclusters = 1\n[train]\nmodel = 'logreg'\nround_timeout = 20\n"
+                        "[data]\nmax_train = 16\npartition.clusters = 1\n"
+                        "[train]\nmodel = 'logreg'\nround_timeout = 20\n"
                         "[mesh]\nheartbeat = 0.3\n")
     out = tmp_path / "out"
     coord = f"tcp://127.0.0.1:{free_port()}"
@@ -98,7 +99,7 @@ def test_a_node_that_cannot_join_stops_on_sigterm_and_says_why_when_it_gives_up(
     dead = f"tcp://127.0.0.1:{free_port()}"  # nobody listens: a bootstrap that is down
     scenario = tmp_path / "s.toml"
     scenario.write_text("[scenario]\nname = 'cli'\nnodes = 2\nrounds = 2\nmethods = ['fedavg-p2p']\n"
-                        "[data]\nclusters = 1\nmax_train = 16\n")
+                        "[data]\npartition.clusters = 1\nmax_train = 16\n")
     learner = p2pfed("node", "--join", dead, "--bind", "tcp://127.0.0.1:0", "--scenario", str(scenario),
                      "--index", "0", "--method", "fedavg-p2p", "--out", str(tmp_path / "out"),
                      log=tmp_path / "learner.log")

@@ -32,8 +32,8 @@ rounds = 400
 methods = ["pfedlia-p2p"]
 [data]
 dataset = "digits"
-partition = "pathological"
-clusters = 2
+partition.kind = "pathological"
+partition.clusters = 2
 max_train = 64
 [train]
 epochs = 4

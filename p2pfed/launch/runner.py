@@ -26,7 +26,7 @@ import torch
 
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.learn.datasets import Dataset, load_dataset
-from p2pfed.learn.partition import Partition, make_partition
+from p2pfed.learn.partition import Partition
 from p2pfed.methods import is_central, load_checked
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
@@ -52,13 +52,8 @@ def member(scenario: Scenario, method: str, name: str, role: str = "node") -> En
 def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
     """The dataset and the partition every node derives from the scenario."""
     dataset = load_dataset(scenario.data.dataset, scenario.data.root or None, scenario.seed)
-    d = scenario.data
-    partition = make_partition(d.partition, dataset.y_train.numpy(), dataset.y_test.numpy(), scenario.nodes,
-                               scenario.seed, clusters=d.clusters, alpha=d.alpha, val_fraction=d.val_fraction,
-                               extra_labels=d.extra_labels, extra_prob=d.extra_prob, alpha_between=d.alpha_between,
-                               alpha_within=d.alpha_within, k_cluster=d.k_cluster, k_client=d.k_client,
-                               dominant_classes=d.dominant_classes, dominant_share=d.dominant_share,
-                               missing_classes=d.missing_classes)
+    partition = scenario.data.partition.build(dataset.y_train.numpy(), dataset.y_test.numpy(), scenario.nodes,
+                                              scenario.seed, scenario.data.val_fraction)
     return dataset, partition
 
 

@@ -9,6 +9,7 @@ A partition records each client's true cluster where one exists (for ARI/NMI and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -253,33 +254,204 @@ def missing(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_missing: 
     return _finish(train_parts, test_parts, client_labels, [-1] * n_clients, val_fraction, rng)
 
 
-PARTITIONS = ("pathological", "noisy", "dirichlet", "iid", "cluster-dirichlet", "cluster-nclass",
-              "cluster-label-dirichlet", "dominant", "missing")
+class PartitionOptions:
+    """A partition's options, the scenario's ``[data.partition]`` table (``kind`` names the partition, the
+    rest are its options): filled, checked (``validate``) and built into shards (``build``)."""
+
+    kind: ClassVar[str] = ""
+
+    def validate(self, where: str, nodes: int) -> None:
+        """Raise ValueError naming where + the key of a value that cannot work for this many nodes."""
+
+    def true_clusters(self) -> int:
+        """How many clusters the partition is built from (1 for IID, 0 when it has none): the K a method
+        that must be given one takes when it is not told."""
+        return 0
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Clustered(PartitionOptions):
+    """A partition built from clusters of clients."""
+
+    clusters: int = 5
+
+    def validate(self, where: str, nodes: int) -> None:
+        if not 1 <= self.clusters <= nodes:
+            raise ValueError(f"{where}clusters ({self.clusters}) must be between 1 and scenario.nodes ({nodes})")
+
+    def true_clusters(self) -> int:
+        return self.clusters
+
+
+@dataclass(frozen=True)
+class Pathological(Clustered):
+    """Paper 002's pathological clusters (``pathological``)."""
+
+    kind: ClassVar[str] = "pathological"
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return pathological(y_train, y_test, n_clients, self.clusters, seed, val_fraction)
+
+
+@dataclass(frozen=True)
+class Noisy(Clustered):
+    """Paper 002's noisy clusters (``noisy``): with probability extra_prob a client also gets extra_labels
+    labels from outside its cluster."""
+
+    kind: ClassVar[str] = "noisy"
+
+    extra_labels: int = 1
+    extra_prob: float = 0.5
+
+    def validate(self, where: str, nodes: int) -> None:
+        super().validate(where, nodes)
+        if self.extra_labels < 0 or not 0 <= self.extra_prob <= 1:
+            raise ValueError(f"{where}extra_labels must be >= 0 and extra_prob in [0, 1] (got {self.extra_labels}, "
+                             f"{self.extra_prob})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return pathological(y_train, y_test, n_clients, self.clusters, seed, val_fraction, self.extra_labels,
+                            self.extra_prob)
+
+
+@dataclass(frozen=True)
+class Dirichlet(PartitionOptions):
+    """Label-Dirichlet (``dirichlet``): each label over the clients ~ Dir(alpha)."""
+
+    kind: ClassVar[str] = "dirichlet"
+
+    alpha: float = 0.5
+
+    def validate(self, where: str, nodes: int) -> None:
+        if not self.alpha > 0:
+            raise ValueError(f"{where}alpha must be > 0 (got {self.alpha})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return dirichlet(y_train, y_test, n_clients, self.alpha, seed, val_fraction)
+
+
+@dataclass(frozen=True)
+class IID(PartitionOptions):
+    """Every client has every label (``iid``): one cluster."""
+
+    kind: ClassVar[str] = "iid"
+
+    def true_clusters(self) -> int:
+        return 1
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return pathological(y_train, y_test, n_clients, 1, seed, val_fraction)
+
+
+@dataclass(frozen=True)
+class ClusterDirichlet(Clustered):
+    """Paper 001's cluster-wise non-IID by Dirichlet (``cluster-dirichlet``)."""
+
+    kind: ClassVar[str] = "cluster-dirichlet"
+
+    alpha_between: float = 0.1
+    alpha_within: float = 10.0
+
+    def validate(self, where: str, nodes: int) -> None:
+        super().validate(where, nodes)
+        if not (self.alpha_between > 0 and self.alpha_within > 0):
+            raise ValueError(f"{where}alpha_between and alpha_within must be > 0 (got {self.alpha_between}, "
+                             f"{self.alpha_within})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return cluster_dirichlet(y_train, y_test, n_clients, self.clusters, self.alpha_between, self.alpha_within,
+                                 seed, val_fraction)
+
+
+@dataclass(frozen=True)
+class ClusterNClass(Clustered):
+    """Paper 001's cluster-wise non-IID by n-class (``cluster-nclass``): labels per cluster and per client."""
+
+    kind: ClassVar[str] = "cluster-nclass"
+
+    k_cluster: int = 3
+    k_client: int = 2
+
+    def validate(self, where: str, nodes: int) -> None:
+        super().validate(where, nodes)
+        if not 1 <= self.k_client <= self.k_cluster:
+            raise ValueError(f"{where}k_client must be in [1, k_cluster] (got {self.k_client}, {self.k_cluster})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return cluster_nclass(y_train, y_test, n_clients, self.clusters, self.k_cluster, self.k_client, seed,
+                              val_fraction)
+
+
+@dataclass(frozen=True)
+class ClusterLabelDirichlet(Clustered):
+    """Paper 000's clustered structure (``cluster-label-dirichlet``)."""
+
+    kind: ClassVar[str] = "cluster-label-dirichlet"
+
+    alpha: float = 0.5
+
+    def validate(self, where: str, nodes: int) -> None:
+        super().validate(where, nodes)
+        if not self.alpha > 0:
+            raise ValueError(f"{where}alpha must be > 0 (got {self.alpha})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return cluster_label_dirichlet(y_train, y_test, n_clients, self.clusters, self.alpha, seed, val_fraction)
+
+
+@dataclass(frozen=True)
+class Dominant(PartitionOptions):
+    """Paper 004's NIID-2 (``dominant``): ``classes`` dominant classes holding ``share`` of each client's data."""
+
+    kind: ClassVar[str] = "dominant"
+
+    classes: int = 1
+    share: float = 0.8
+
+    def validate(self, where: str, nodes: int) -> None:
+        if self.classes < 1 or not 0 < self.share <= 1:
+            raise ValueError(f"{where}classes must be >= 1 and share in (0, 1] (got {self.classes}, {self.share})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return dominant(y_train, y_test, n_clients, self.classes, self.share, seed, val_fraction)
+
+
+@dataclass(frozen=True)
+class Missing(PartitionOptions):
+    """Paper 004's NIID-3 (``missing``): each client has no sample of ``classes`` random classes."""
+
+    kind: ClassVar[str] = "missing"
+
+    classes: int = 2
+
+    def validate(self, where: str, nodes: int) -> None:
+        if self.classes < 0:
+            raise ValueError(f"{where}classes must be >= 0 (got {self.classes})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return missing(y_train, y_test, n_clients, self.classes, seed, val_fraction)
+
+
+PARTITIONS: dict[str, type[PartitionOptions]] = {p.kind: p for p in (
+    Pathological, Noisy, Dirichlet, IID, ClusterDirichlet, ClusterNClass, ClusterLabelDirichlet, Dominant, Missing)}
 
 
 def make_partition(kind: str, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int, *,
-                   clusters: int = 5, alpha: float = 0.5, val_fraction: float = 0.2,
-                   extra_labels: int = 1, extra_prob: float = 0.5, alpha_between: float = 0.1,
-                   alpha_within: float = 10.0, k_cluster: int = 3, k_client: int = 2, dominant_classes: int = 1,
-                   dominant_share: float = 0.8, missing_classes: int = 2) -> Partition:
-    """Build a partition by name (see PARTITIONS)."""
-    if kind == "pathological":
-        return pathological(y_train, y_test, n_clients, clusters, seed, val_fraction)
-    if kind == "noisy":
-        return pathological(y_train, y_test, n_clients, clusters, seed, val_fraction, extra_labels, extra_prob)
-    if kind == "dirichlet":
-        return dirichlet(y_train, y_test, n_clients, alpha, seed, val_fraction)
-    if kind == "iid":
-        return pathological(y_train, y_test, n_clients, 1, seed, val_fraction)
-    if kind == "cluster-dirichlet":
-        return cluster_dirichlet(y_train, y_test, n_clients, clusters, alpha_between, alpha_within, seed,
-                                 val_fraction)
-    if kind == "cluster-nclass":
-        return cluster_nclass(y_train, y_test, n_clients, clusters, k_cluster, k_client, seed, val_fraction)
-    if kind == "dominant":
-        return dominant(y_train, y_test, n_clients, dominant_classes, dominant_share, seed, val_fraction)
-    if kind == "missing":
-        return missing(y_train, y_test, n_clients, missing_classes, seed, val_fraction)
-    if kind == "cluster-label-dirichlet":
-        return cluster_label_dirichlet(y_train, y_test, n_clients, clusters, alpha, seed, val_fraction)
-    raise ValueError(f"unknown partition {kind!r}; choose one of {', '.join(PARTITIONS)}")
+                   val_fraction: float = 0.2, **options: float) -> Partition:
+    """Build a partition by name (see PARTITIONS) with its options by keyword."""
+    if kind not in PARTITIONS:
+        raise ValueError(f"unknown partition {kind!r}; choose one of {', '.join(PARTITIONS)}")
+    return PARTITIONS[kind](**options).build(y_train, y_test, n_clients, seed, val_fraction)

@@ -48,20 +48,22 @@ def options_of(options_type: type[OptionsT], scenario: Scenario, name: str, fit:
 class ClusteredOptions(MethodOptions):
     """The option of every method that keeps K cluster models: K itself."""
 
-    # K; 0 takes data.clusters, the scenario's true number (paper 002 gave FeSEM the true K; FeSEM's paper
-    # picks K by trying several, IFCA's and CAM's are given it)
+    # K; 0 takes the partition's number of clusters, the true one (paper 002 gave FeSEM the true K; FeSEM's
+    # paper picks K by trying several, IFCA's and CAM's are given it)
     k: int = 0
     moved: ClassVar[dict[str, str]] = {"central.k": "k"}
 
     def validate(self, where: str) -> None:
         if self.k < 0:
-            raise ConfigError(f"{where}k must be >= 0 (0: data.clusters; got {self.k})")
+            raise ConfigError(f"{where}k must be >= 0 (0: the partition's clusters; got {self.k})")
 
     def within(self, scenario: Scenario, where: str) -> None:
         k = self.k or scenario.data.clusters
+        if k == 0:
+            raise ConfigError(f"{where}k must be given: the {scenario.data.partition.kind} partition has no clusters "
+                              "to take it from")
         if k > scenario.nodes:
-            raise ConfigError(f"{where}k ({k}{'' if self.k else ', from data.clusters'}) must not exceed "
-                              f"scenario.nodes ({scenario.nodes})")
+            raise ConfigError(f"{where}k ({k}) must not exceed scenario.nodes ({scenario.nodes})")
 
 
 def below_rounds(value: int, key: str, scenario: Scenario, where: str, why: str) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 from p2pfed.config import ConfigError, MeshConfig, fill, read_toml
 from p2pfed.learn.datasets import DATASETS
 from p2pfed.learn.models import MODELS
-from p2pfed.learn.partition import PARTITIONS
-from p2pfed.wire.messages import is_name
+from p2pfed.learn.partition import PARTITIONS, PartitionOptions, Pathological
+from p2pfed.wire.messages import clip, is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
 ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/node/adversary.py
@@ -34,20 +34,16 @@ class DataConfig:
 
     dataset: str = "digits"
     root: str = ""
-    partition: str = "pathological"
-    clusters: int = 5
-    alpha: float = 0.5
-    extra_labels: int = 1
-    extra_prob: float = 0.5
     val_fraction: float = 0.2
     max_train: int = 0  # cap on each node's training samples (0: no cap), for scarce-data settings
-    alpha_between: float = 0.1  # cluster-dirichlet (paper 001): labels over clusters ~ Dir(alpha_between)
-    alpha_within: float = 10.0  # ... and a cluster's share over its clients ~ Dir(alpha_within)
-    k_cluster: int = 3  # cluster-nclass (paper 001): labels per cluster
-    k_client: int = 2  # ... and per client
-    dominant_classes: int = 1  # dominant (paper 004's NIID-2): dominant classes per node ...
-    dominant_share: float = 0.8  # ... holding this share of its samples
-    missing_classes: int = 2  # missing (paper 004's NIID-3): classes each node has none of
+    # the [data.partition] table: kind (the partition's name) and that partition's own options
+    # (learn/partition.py), filled by load_scenario
+    partition: PartitionOptions = field(default_factory=Pathological)
+
+    @property
+    def clusters(self) -> int:
+        """How many clusters the partition is built from (0: it has none), the K of a method not told one."""
+        return self.partition.true_clusters()
 
 
 @dataclass
@@ -127,6 +123,10 @@ class Scenario:
         for ok, message in self._setting_checks():
             if not ok:
                 raise ConfigError(f"{where}{message}")
+        try:
+            self.data.partition.validate(f"{where}data.partition.", self.nodes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self._check_scripted(where)
         self.mesh.validate(f"{where}mesh.")
 
@@ -137,22 +137,12 @@ class Scenario:
              f"the mesh; got {self.name!r})"),
             (self.nodes >= 2, "scenario.nodes must be at least 2"),
             (self.rounds >= 1, "scenario.rounds must be at least 1"),
-            (self.data.partition in PARTITIONS, f"data.partition must be one of {', '.join(PARTITIONS)}"),
-            (self.data.partition in ("iid", "dirichlet", "dominant", "missing")
-             or 1 <= self.data.clusters <= self.nodes,
-             f"data.clusters ({self.data.clusters}) must be between 1 and scenario.nodes ({self.nodes}) for the "
-             f"{self.data.partition} partition"),
             (self.data.dataset in DATASETS or self.data.dataset.endswith(".npz") or Path(self.data.dataset).is_dir(),
              f"data.dataset must be one of {', '.join(DATASETS)} or a path"),
             (self.train.model in MODELS, f"train.model must be one of {', '.join(MODELS)}"),
             (0 < self.train.participation <= 1, "train.participation must be in (0, 1]"),
             (self.train.eval_every >= 1, "train.eval_every must be at least 1"),
             (0 <= self.data.val_fraction < 1, "data.val_fraction must be in [0, 1)"),
-            (self.data.alpha > 0 and self.data.alpha_between > 0 and self.data.alpha_within > 0,
-             "data.alpha, alpha_between and alpha_within must be > 0"),
-            (1 <= self.data.k_client <= self.data.k_cluster, "data.k_client must be in [1, data.k_cluster]"),
-            (self.data.dominant_classes >= 1 and 0 < self.data.dominant_share <= 1 and self.data.missing_classes >= 0,
-             "data.dominant_classes must be >= 1, dominant_share in (0, 1], missing_classes >= 0"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
         ]
@@ -189,10 +179,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], former: Sequ
     for item in overrides:
         key, sep, value = item.partition("=")
         path = key.strip().split(".")
-        depth = 3 if path[0] == "methods" else 2
+        # methods.NAME.KEY, data.partition.KEY (data.partition alone is the old form: load_scenario says so)
+        depth = 3 if path[0] == "methods" or (path[:2] == ["data", "partition"] and len(path) == 3) else 2
         if not sep or len(path) != depth or not all(path):
-            raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE (e.g. data.clusters=10) or "
-                              f"methods.NAME.KEY=VALUE")
+            raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE (e.g. scenario.seed=1), "
+                              f"data.partition.KEY=VALUE or methods.NAME.KEY=VALUE")
         if path[0] not in (*SCENARIO_TABLES, "methods", *former):
             raise ConfigError(f"--set {item!r}: unknown table [{path[0]}]; choose one of "
                               f"{', '.join(SCENARIO_TABLES)} or methods.NAME")
@@ -206,7 +197,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], former: Sequ
         if depth == 3:
             table = table.setdefault(path[1], {})
             if not isinstance(table, dict):
-                raise ConfigError(f"--set {item!r}: methods.{path[1]} is not a table")
+                raise ConfigError(f"--set {item!r}: {path[0]}.{path[1]} is not a table")
         table[path[-1]] = parsed
     return data
 
@@ -239,12 +230,52 @@ def load_scenario(path: Path, overrides: Sequence[str] = (), moved: Moved | None
                                   "run are scenario.methods, in [scenario])")
         if data:
             raise ConfigError(f"unknown table [{sorted(data)[0]}]")
+        partition = _partition_table(flat)
         scenario = fill(Scenario, flat, "")
+        scenario.data.partition = _partition_of(partition)
         scenario.path = str(path)
         scenario.validate()
     except ConfigError as exc:
         raise ConfigError(f"{source(path, overrides)}: {exc}") from None
     return scenario
+
+
+# [data] keys that are now the options of a partition, [data.partition] (renamed where the partition's
+# table makes a prefix redundant)
+_DATA_MOVED = {"clusters": "clusters", "alpha": "alpha", "extra_labels": "extra_labels", "extra_prob": "extra_prob",
+               "alpha_between": "alpha_between", "alpha_within": "alpha_within", "k_cluster": "k_cluster",
+               "k_client": "k_client", "dominant_classes": "classes", "dominant_share": "share",
+               "missing_classes": "classes"}
+
+
+def _partition_table(flat: dict[str, Any]) -> dict[str, Any]:
+    """Take the [data.partition] table out of the scenario's data (fill cannot know which partition's
+    options to build); say where the [data] keys of the partitions went."""
+    data = flat.get("data")
+    if not isinstance(data, dict):
+        return {}
+    data = flat["data"] = dict(data)
+    gone = [f"data.{key} is now data.partition.{new} ([data.partition] {new} = ...)"
+            for key, new in _DATA_MOVED.items() if key in data]
+    if isinstance(data.get("partition"), str):
+        gone.insert(0, f"data.partition is now a table: [data.partition] kind = {data['partition']!r}, with the "
+                       "partition's options")
+    if gone:
+        raise ConfigError("; ".join(gone))
+    table = data.pop("partition", {})
+    if not isinstance(table, dict):
+        raise ConfigError("data.partition must be a table, [data.partition], with kind and the partition's options")
+    return table
+
+
+def _partition_of(table: dict[str, Any]) -> PartitionOptions:
+    """A partition's options from its [data.partition] table (kind: pathological when not given); checked by
+    Scenario.validate, which knows the nodes."""
+    table = dict(table)
+    kind = table.pop("kind", "pathological")
+    if not isinstance(kind, str) or kind not in PARTITIONS:
+        raise ConfigError(f"data.partition.kind must be one of {', '.join(PARTITIONS)} (got {clip(kind, 40)})")
+    return fill(PARTITIONS[kind], table, "data.partition.")
 
 
 def _check_moved(data: dict[str, Any], moved: Moved) -> None:

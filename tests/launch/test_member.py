@@ -16,7 +16,7 @@ nodes = 2
 rounds = 1
 methods = ["fedavg-p2p"]
 [data]
-clusters = 1
+partition.clusters = 1
 [mesh]
 heartbeat = 0.2
 dead_after = 9

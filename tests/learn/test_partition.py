@@ -68,13 +68,13 @@ def test_cluster_label_dirichlet_keeps_labels_in_their_cluster_with_different_mi
 
 def test_dominant_and_missing_classes_of_paper_004() -> None:
     y_train, y_test = np.repeat(np.arange(10), 600), np.repeat(np.arange(10), 100)
-    p = make_partition("dominant", y_train, y_test, 10, seed=0, dominant_classes=1, dominant_share=0.8)
+    p = make_partition("dominant", y_train, y_test, 10, seed=0, classes=1, share=0.8)
     sizes = [len(s.train) + len(s.val) for s in p.shards]
     assert max(sizes) - min(sizes) <= 0.05 * max(sizes)  # the same dataset size everywhere
     for s in p.shards:
         counts = np.bincount(y_train[np.concatenate([s.train, s.val])], minlength=10)
         assert counts.max() / counts.sum() > 0.7 and (counts > 0).sum() == 10
-    m = make_partition("missing", y_train, y_test, 10, seed=0, missing_classes=3)
+    m = make_partition("missing", y_train, y_test, 10, seed=0, classes=3)
     assert all(len(s.labels) == 7 for s in m.shards)
     assert set(np.concatenate([y_train[s.train] for s in m.shards]).tolist()) == set(range(10))
 
@@ -101,6 +101,32 @@ def test_bad_arguments_are_refused() -> None:
         make_partition("pathological", Y_TRAIN, Y_TEST, 4, seed=0, clusters=5)
     with pytest.raises(ValueError, match="unknown partition"):
         make_partition("weird", Y_TRAIN, Y_TEST, 4, seed=0)
+
+
+@pytest.mark.parametrize(("kind", "options", "message"), [
+    ("pathological", {"clusters": 0}, "p.clusters (0) must be between 1 and scenario.nodes (8)"),
+    ("pathological", {"clusters": 9}, "p.clusters (9) must be between 1 and scenario.nodes (8)"),
+    ("dominant", {"share": 0.0}, "p.classes must be >= 1 and share in (0, 1] (got 1, 0.0)"),
+    ("dominant", {"classes": 0}, "p.classes must be >= 1 and share in (0, 1] (got 0, 0.8)"),
+    ("missing", {"classes": -1}, "p.classes must be >= 0 (got -1)"),
+    ("dirichlet", {"alpha": 0.0}, "p.alpha must be > 0 (got 0.0)"),
+])
+def test_each_partition_checks_its_own_options(kind: str, options: dict[str, float], message: str) -> None:
+    from p2pfed.learn.partition import PARTITIONS
+
+    with pytest.raises(ValueError) as caught:
+        PARTITIONS[kind](**options).validate("p.", 8)
+    assert str(caught.value) == message
+    PARTITIONS[kind]().validate("p.", 8)  # the defaults hold
+
+
+def test_a_partition_knows_its_true_number_of_clusters() -> None:
+    from p2pfed.learn.partition import PARTITIONS
+
+    assert {k: c().true_clusters() for k, c in PARTITIONS.items()} == {
+        "pathological": 5, "noisy": 5, "dirichlet": 0, "iid": 1, "cluster-dirichlet": 5, "cluster-nclass": 5,
+        "cluster-label-dirichlet": 5, "dominant": 0, "missing": 0}
+    assert make_partition("iid", Y_TRAIN, Y_TEST, 6, seed=0).true_cluster == [0] * 6
 
 
 def test_digits_is_embedded_and_unknown_datasets_say_how() -> None:

@@ -37,8 +37,8 @@ methods = ["{method}"]
 
 [data]
 dataset = "digits"
-partition = "{partition}"
-clusters = 3
+partition.kind = "{partition}"
+partition.clusters = 3
 max_train = 12
 
 [train]

@@ -22,7 +22,7 @@ FORMER = {
                 "fedfm_lambda", "fedfm_start", "fedfm_temperature", "fedfm_uniform", "fedfm_every", "lia_timeout",
                 "proto_lambda", "fomo_m", "fomo_epsilon"],
 }
-BASE = "[scenario]\nnodes = 4\nrounds = 5\nmethods = {methods}\n[data]\nclusters = 2\n"
+BASE = "[scenario]\nnodes = 4\nrounds = 5\nmethods = {methods}\n[data]\npartition.clusters = 2\n"
 
 
 def test_every_key_of_the_former_tables_went_to_a_field_of_each_method_that_reads_it() -> None:
@@ -52,13 +52,16 @@ def test_a_method_that_does_not_run_has_its_values_checked_but_not_against_the_r
         load_checked(path, ["methods.ifca-cam.k=-2"])
 
 
-def test_k_of_zero_takes_the_scenarios_clusters_and_is_checked_as_such(tmp_path: Path) -> None:
+def test_k_of_zero_takes_the_partitions_clusters_and_a_partition_without_any_needs_k(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
     path.write_text(BASE.format(methods="['fesem']"))
-    assert FeSEMServer.options_from(load_checked(path)).k == 0  # the server reads data.clusters then
-    path.write_text(BASE.format(methods="['fesem']").replace("clusters = 2", "partition = 'iid'\nclusters = 7"))
-    with pytest.raises(ConfigError, match=re.escape("methods.fesem.k (7, from data.clusters) must not exceed")):
+    assert FeSEMServer.options_from(load_checked(path)).k == 0  # the server takes the partition's 2 then
+    assert load_checked(path).data.clusters == 2
+    path.write_text(BASE.format(methods="['fesem']").replace("partition.clusters = 2", "partition.kind = 'dirichlet'"))
+    with pytest.raises(ConfigError, match=re.escape("methods.fesem.k must be given: the dirichlet partition has no "
+                                                    "clusters to take it from")):
         load_checked(path)
+    assert FeSEMServer.options_from(load_checked(path, ["methods.fesem.k=3"])).k == 3
 
 
 def test_an_old_file_is_told_where_every_key_went_at_once(tmp_path: Path) -> None:

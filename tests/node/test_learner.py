@@ -34,7 +34,7 @@ rounds = 6
 methods = ["pfedlia-p2p"]
 [data]
 dataset = "digits"
-clusters = 2
+partition.clusters = 2
 [methods.pfedlia-p2p]
 warmup_rounds = 2
 """
@@ -131,7 +131,7 @@ rounds = 6
 methods = ["fedavg-p2p"]
 [data]
 dataset = "digits"
-clusters = 1
+partition.clusters = 1
 [train]
 participation = {participation}
 round_timeout = 1

@@ -26,8 +26,8 @@ rounds = 12
 methods = ["pfedlia-p2p", "fedavg-p2p"]
 [data]
 dataset = "digits"
-partition = "pathological"
-clusters = 3
+partition.kind = "pathological"
+partition.clusters = 3
 max_train = 24
 [train]
 epochs = 2

@@ -12,7 +12,7 @@ from p2pfed.methods import load_checked
 from p2pfed.methods.pfedlia.options import P2POptions
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
 
-BASE = ("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['pfedlia-p2p']\n[data]\nclusters = 2\n"
+BASE = ("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['pfedlia-p2p']\n[data]\npartition.clusters = 2\n"
         "[methods.pfedlia-p2p]\nwarmup_rounds = 2\n")
 EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
 
@@ -22,26 +22,40 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["scenario.rounds=0"], "scenario.rounds must be at least 1"),
     (["scenario.methods=[]"], "scenario.methods must name at least one method"),
     (["scenario.methods=['fedavg', 'nope']"], "scenario.methods: 'nope' not known; choose among fedavg, "),
-    (["data.partition=stripes"], "data.partition must be one of pathological, "),
-    (["data.clusters=5"], "data.clusters (5) must be between 1 and scenario.nodes (4) for the pathological partition"),
+    (["data.partition.kind=stripes"], "data.partition.kind must be one of pathological, "),
+    (["data.partition.clusters=5"], "data.partition.clusters (5) must be between 1 and scenario.nodes (4)"),
+    (["data.partition.kind='iid'"], "data.partition.clusters is not a known key (known: )"),
     (["data.dataset=imagenet"], "data.dataset must be one of "),
     (["train.model=resnet1000"], "train.model must be one of "),
     (["train.participation=0"], "train.participation must be in (0, 1]"),
     (["train.participation=1.5"], "train.participation must be in (0, 1]"),
     (["train.eval_every=0"], "train.eval_every must be at least 1"),
     (["data.val_fraction=1.0"], "data.val_fraction must be in [0, 1)"),
-    (["data.alpha=0"], "data.alpha, alpha_between and alpha_within must be > 0"),
-    (["data.alpha_within=-1"], "data.alpha, alpha_between and alpha_within must be > 0"),
-    (["data.k_client=4"], "data.k_client must be in [1, data.k_cluster]"),
-    (["data.dominant_share=0"], "data.dominant_classes must be >= 1, dominant_share in (0, 1], missing_classes >= 0"),
-    (["data.missing_classes=-1"], "missing_classes >= 0"),
+    (["data.partition.kind='dirichlet'", "data.partition.clusters=0"], "data.partition.clusters is not a known key"),
+    (["data.partition.kind='cluster-label-dirichlet'", "data.partition.alpha=0"],
+     "data.partition.alpha must be > 0 (got 0.0)"),
+    (["data.partition.kind='cluster-dirichlet'", "data.partition.alpha_within=-1"],
+     "data.partition.alpha_between and alpha_within must be > 0 (got 0.1, -1.0)"),
+    (["data.partition.kind='cluster-nclass'", "data.partition.k_client=4"],
+     "data.partition.k_client must be in [1, k_cluster] (got 4, 3)"),
+    (["data.partition.kind='noisy'", "data.partition.extra_prob=2"],
+     "data.partition.extra_labels must be >= 0 and extra_prob in [0, 1] (got 1, 2.0)"),
+    (["data.partition.kind='pathological'", "data.partition.extra_prob=0.5"],
+     "data.partition.extra_prob is not a known key (known: clusters)"),
+    (["data.partition.kind=3"], "data.partition.kind must be one of pathological, "),
+    (["data.partition=3"], "data.partition must be a table, [data.partition], with kind and the partition's options"),
+    # the [data] keys of the partitions, before [data.partition]
+    (["data.partition='noisy'"], "data.partition is now a table: [data.partition] kind = 'noisy', with the"),
+    (["data.clusters=2"], "data.clusters is now data.partition.clusters ([data.partition] clusters = ...)"),
+    (["data.dominant_share=0.5"], "data.dominant_share is now data.partition.share ([data.partition] share = ...)"),
+    (["data.missing_classes=3"], "data.missing_classes is now data.partition.classes"),
     (["train.lr=0"], "train.epochs, train.batch_size and train.lr must be positive"),
     (["train.batch_size=0"], "train.epochs, train.batch_size and train.lr must be positive"),
     (["methods.pfedlia-p2p.warmup_rounds=5"],
      "methods.pfedlia-p2p.warmup_rounds (5) must be in [0, scenario.rounds = 5): the influence phase runs in that"),
     (["methods.pfedlia-p2p.lia_batch=0"], "methods.pfedlia-p2p.lia_epochs, lia_batch and lia_lr must be positive"),
     (["methods.pfedlia-p2p.gap=1.5"], "methods.pfedlia-p2p.gap must be in [0, 1] (got 1.5)"),
-    (["methods.fesem.k=-1"], "methods.fesem.k must be >= 0 (0: data.clusters; got -1)"),
+    (["methods.fesem.k=-1"], "methods.fesem.k must be >= 0 (0: the partition's clusters; got -1)"),
     (["methods.fesem.lam=-1"], "methods.fesem.lam must be >= 0 (got -1.0)"),
     (["scenario.methods=['fesem']", "methods.fesem.k=9"], "methods.fesem.k (9) must not exceed scenario.nodes (4)"),
     (["scenario.methods=['ifca-cam']", "methods.ifca-cam.warmup=5"],

@@ -25,8 +25,8 @@ processes = {processes}
 
 [data]
 dataset = "digits"
-partition = "pathological"
-clusters = 3
+partition.kind = "pathological"
+partition.clusters = 3
 
 [train]
 model = "cnn"

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p2pfed.learn.partition import make_partition
 from p2pfed.methods import load_checked
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "scenarios").glob("*.toml"))
@@ -25,12 +24,7 @@ def test_shipped_scenario_partitions_give_every_node_data(path: Path) -> None:
     n_train, n_test = SIZES[s.data.dataset]
     # Balanced labels of the dataset's size stand in for the real ones (the partitions only read labels).
     y_train, y_test = np.arange(n_train) % 10, np.arange(n_test) % 10
-    d = s.data
-    part = make_partition(d.partition, y_train, y_test, s.nodes, s.seed, clusters=d.clusters, alpha=d.alpha,
-                          val_fraction=d.val_fraction, extra_labels=d.extra_labels, extra_prob=d.extra_prob,
-                          alpha_between=d.alpha_between, alpha_within=d.alpha_within, k_cluster=d.k_cluster,
-                          k_client=d.k_client, dominant_classes=d.dominant_classes,
-                          dominant_share=d.dominant_share, missing_classes=d.missing_classes)
+    part = s.data.partition.build(y_train, y_test, s.nodes, s.seed, s.data.val_fraction)
     assert len(part.shards) == s.nodes
     empty = [i for i, sh in enumerate(part.shards) if len(sh.train) == 0 or len(sh.test) == 0]
     assert not empty, f"{path.name}: nodes {empty} get no training or test data"
@@ -44,7 +38,7 @@ def test_settings_that_cannot_work_are_refused_with_the_key(tmp_path: Path, extr
     from p2pfed.config import ConfigError
 
     path = tmp_path / "s.toml"
-    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n" + extra + "[data]\nclusters = 2\n")
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n" + extra + "[data]\npartition.clusters = 2\n")
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_checked(path)
 
@@ -53,7 +47,7 @@ def test_set_overrides_change_settings_and_name_what_is_wrong(tmp_path: Path) ->
     from p2pfed.config import ConfigError
 
     path = tmp_path / "s.toml"
-    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n[data]\nclusters = 2\n")
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\n[data]\npartition.clusters = 2\n")
     s = load_checked(path, ["scenario.seed=3", "data.dataset=fmnist", "methods.fesem.k=2",
                             "scenario.methods=['fesem']"])
     assert (s.seed, s.data.dataset, s.method_tables, s.methods, s.data.clusters) == (
@@ -70,7 +64,8 @@ def test_a_run_folder_takes_more_methods_only_of_the_same_scenario(tmp_path: Pat
     from p2pfed.launch.runner import prepare_run
 
     path = tmp_path / "s.toml"
-    path.write_text("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['fedavg', 'local']\n[data]\nclusters = 2\n")
+    path.write_text("[scenario]\nnodes = 4\nrounds = 5\nmethods = ['fedavg', 'local']\n"
+                    "[data]\npartition.clusters = 2\n")
     out = tmp_path / "run"
     out.mkdir()
     (out / "scenario.toml").write_text(path.read_text())  # as a finished run leaves it
