@@ -250,18 +250,11 @@ _DATA_MOVED = {"clusters": "clusters", "alpha": "alpha", "extra_labels": "extra_
 
 def _partition_table(flat: dict[str, Any]) -> dict[str, Any]:
     """Take the [data.partition] table out of the scenario's data (fill cannot know which partition's
-    options to build); say where the [data] keys of the partitions went."""
+    options to build)."""
     data = flat.get("data")
     if not isinstance(data, dict):
         return {}
     data = flat["data"] = dict(data)
-    gone = [f"data.{key} is now data.partition.{new} ([data.partition] {new} = ...)"
-            for key, new in _DATA_MOVED.items() if key in data]
-    if isinstance(data.get("partition"), str):
-        gone.insert(0, f"data.partition is now a table: [data.partition] kind = {data['partition']!r}, with the "
-                       "partition's options")
-    if gone:
-        raise ConfigError("; ".join(gone))
     table = data.pop("partition", {})
     if not isinstance(table, dict):
         raise ConfigError("data.partition must be a table, [data.partition], with kind and the partition's options")
@@ -275,12 +268,25 @@ def _partition_of(table: dict[str, Any]) -> PartitionOptions:
     kind = table.pop("kind", "pathological")
     if not isinstance(kind, str) or kind not in PARTITIONS:
         raise ConfigError(f"data.partition.kind must be one of {', '.join(PARTITIONS)} (got {clip(kind, 40)})")
+    known = {f.name for f in dataclasses.fields(PARTITIONS[kind])}  # type: ignore[arg-type]
+    others = sorted(set(table) - known)
+    if others:
+        raise ConfigError(f"data.partition.{others[0]} is not an option of the {kind} partition (its options: "
+                          f"{', '.join(sorted(known)) or 'none'})")
     return fill(PARTITIONS[kind], table, "data.partition.")
 
 
 def _check_moved(data: dict[str, Any], moved: Moved) -> None:
-    """Raise ConfigError naming where each key of a former shared table went (a table left empty goes too)."""
+    """Raise ConfigError naming, all at once, where each key of a former shared table went (a table left
+    empty goes too), and each [data] key that is now a partition's option."""
     gone = []
+    keys = data.get("data")
+    if isinstance(keys, dict):
+        if isinstance(keys.get("partition"), str):
+            gone.append(f"data.partition is now a table: [data.partition] kind = {keys['partition']!r}, with the "
+                        "partition's options")
+        gone += [f"data.{key} is now data.partition.{new} ([data.partition] {new} = ...)"
+                 for key, new in _DATA_MOVED.items() if key in keys]
     for table in sorted({table for table, _ in moved}):
         keys = data.get(table)
         if not isinstance(keys, dict):

@@ -66,12 +66,13 @@ def test_k_of_zero_takes_the_partitions_clusters_and_a_partition_without_any_nee
 
 def test_an_old_file_is_told_where_every_key_went_at_once(tmp_path: Path) -> None:
     path = tmp_path / "old.toml"
-    path.write_text(BASE.format(methods="['ifca-cam', 'pfedlia-p2p']")
+    path.write_text(BASE.format(methods="['ifca-cam', 'pfedlia-p2p']").replace("partition.clusters", "clusters")
                     + "[pfedlia]\nwarmup_rounds = 2\n[central]\ncam_warmup = 2\n")
     with pytest.raises(ConfigError) as caught:
         load_checked(path)
     assert str(caught.value) == (
-        f"{path}: central.cam_warmup is now methods.ifca-cam.warmup, methods.fesem-cam.warmup, "
+        f"{path}: data.clusters is now data.partition.clusters ([data.partition] clusters = ...); "
+        "central.cam_warmup is now methods.ifca-cam.warmup, methods.fesem-cam.warmup, "
         "methods.feddsmic.warmup, methods.fedds.warmup ([methods.ifca-cam] warmup = ...); "
         "pfedlia.warmup_rounds is now methods.pfedlia-central.warmup_rounds, methods.pfedlia-p2p.warmup_rounds "
         "([methods.pfedlia-central] warmup_rounds = ...)")
