@@ -149,25 +149,21 @@ class Transport:
     # -- lifecycle -------------------------------------------------------------------------------
     def bind(self, address: str) -> str:
         """Bind the ROUTER; a port of 0 or * picks a free one. Return the bound address."""
-        sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.options.max_message_bytes)
-        sock.setsockopt(zmq.RCVHWM, self.options.rcvhwm)
-        sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDBUF, self.options.socket_buffer_bytes)
-        sock.setsockopt(zmq.RCVBUF, self.options.socket_buffer_bytes)
-        if self.keys:
-            security.make_server(sock, self.keys)
+        o = self.options
+        sock = self._socket(zmq.ROUTER, [
+            (zmq.ROUTER_MANDATORY, 1), (zmq.MAXMSGSIZE, o.max_message_bytes), (zmq.RCVHWM, o.rcvhwm),
+            (zmq.SNDHWM, o.sndhwm), (zmq.LINGER, 0), (zmq.SNDBUF, o.socket_buffer_bytes),
+            (zmq.RCVBUF, o.socket_buffer_bytes)])
         host, _, port = address.rpartition(":")
         try:
-            if port in ("0", "*"):
-                sock.bind(f"{host}:*")
-            else:
-                sock.bind(address)
-        except zmq.ZMQError as exc:
-            sock.close()
-            raise OSError(f"cannot bind {address}: {exc}") from None
+            if self.keys:
+                security.make_server(sock, self.keys)
+            sock.bind(f"{host}:*" if port in ("0", "*") else address)
+        except BaseException as exc:
+            sock.close(linger=0)
+            if isinstance(exc, zmq.ZMQError):
+                raise OSError(f"cannot bind {address}: {exc}") from None
+            raise
         self.router = sock
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         loop = asyncio.get_running_loop()
@@ -202,6 +198,19 @@ class Transport:
             self.auth.stop()
         self.ctx.term()
 
+    def _socket(self, kind: int, options: list[tuple[int, int]]) -> zmq.asyncio.Socket:
+        """A socket of this transport's context with its options set, or none at all: every socket the context
+        still holds is one that close() must reach, or ctx.term() waits for it for ever (the callers likewise
+        close the socket when what follows fails)."""
+        sock = self.ctx.socket(kind)
+        try:
+            for option, value in options:
+                sock.setsockopt(option, value)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        return sock
+
     # -- sending ---------------------------------------------------------------------------------
     def _dealer(self, address: str, server_key: bytes | None) -> zmq.asyncio.Socket:
         sock = self.dealers.get(address)
@@ -217,24 +226,21 @@ class Transport:
                                     f"{clip(address, 80)}")
             scores = self.keep_scores() if self.keep_scores is not None else {}
             self.forget(min(idle, key=lambda a: scores.get(a, float("-inf"))))  # min: the first of equals (LRU)
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, self.options.sndhwm)
-        sock.setsockopt(zmq.RCVHWM, self.options.rcvhwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.options.max_message_bytes)
-        sock.setsockopt(zmq.RECONNECT_IVL, self.options.reconnect_ivl_ms)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.options.reconnect_ivl_max_ms)
-        sock.setsockopt(zmq.SNDBUF, self.options.socket_buffer_bytes)
-        sock.setsockopt(zmq.RCVBUF, self.options.socket_buffer_bytes)
-        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        o = self.options
+        sock = self._socket(zmq.DEALER, [
+            (zmq.IMMEDIATE, 1), (zmq.LINGER, 0), (zmq.SNDHWM, o.sndhwm), (zmq.RCVHWM, o.rcvhwm),
+            (zmq.MAXMSGSIZE, o.max_message_bytes), (zmq.RECONNECT_IVL, o.reconnect_ivl_ms),
+            (zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms), (zmq.SNDBUF, o.socket_buffer_bytes),
+            (zmq.RCVBUF, o.socket_buffer_bytes), (zmq.TCP_KEEPALIVE, 1)])
         try:
             if self.keys and server_key is not None:
                 security.make_client(sock, self.keys, server_key)
             sock.connect(address)
-        except zmq.ZMQError as exc:  # an address libzmq cannot dial: one bad peer, never the caller's task
+        except BaseException as exc:
             sock.close(linger=0)
-            raise BadAddress(f"cannot connect to {clip(address, 80)}: {exc}") from None
+            if isinstance(exc, zmq.ZMQError):  # an address libzmq cannot dial: one bad peer, never the caller's task
+                raise BadAddress(f"cannot connect to {clip(address, 80)}: {exc}") from None
+            raise
         self.dealers[address] = sock
         self.dealer_tasks[address] = asyncio.get_running_loop().create_task(
             self._dealer_loop(address, sock), name=f"{self.name}-dealer-{address}"
