@@ -25,7 +25,7 @@ import resource
 import socket
 import typing
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,15 +155,13 @@ class Transport:
             (zmq.SNDHWM, o.sndhwm), (zmq.LINGER, 0), (zmq.SNDBUF, o.socket_buffer_bytes),
             (zmq.RCVBUF, o.socket_buffer_bytes)])
         host, _, port = address.rpartition(":")
-        try:
+        with _closed_on_failure(sock):
             if self.keys:
                 security.make_server(sock, self.keys)
-            sock.bind(f"{host}:*" if port in ("0", "*") else address)
-        except BaseException as exc:
-            sock.close(linger=0)
-            if isinstance(exc, zmq.ZMQError):
+            try:
+                sock.bind(f"{host}:*" if port in ("0", "*") else address)
+            except zmq.ZMQError as exc:
                 raise OSError(f"cannot bind {address}: {exc}") from None
-            raise
         self.router = sock
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         loop = asyncio.get_running_loop()
@@ -199,16 +197,11 @@ class Transport:
         self.ctx.term()
 
     def _socket(self, kind: int, options: list[tuple[int, int]]) -> zmq.asyncio.Socket:
-        """A socket of this transport's context with its options set, or none at all: every socket the context
-        still holds is one that close() must reach, or ctx.term() waits for it for ever (the callers likewise
-        close the socket when what follows fails)."""
+        """A socket of this transport's context with its options set, or none at all (see _closed_on_failure)."""
         sock = self.ctx.socket(kind)
-        try:
+        with _closed_on_failure(sock):
             for option, value in options:
                 sock.setsockopt(option, value)
-        except BaseException:
-            sock.close(linger=0)
-            raise
         return sock
 
     # -- sending ---------------------------------------------------------------------------------
@@ -232,15 +225,13 @@ class Transport:
             (zmq.MAXMSGSIZE, o.max_message_bytes), (zmq.RECONNECT_IVL, o.reconnect_ivl_ms),
             (zmq.RECONNECT_IVL_MAX, o.reconnect_ivl_max_ms), (zmq.SNDBUF, o.socket_buffer_bytes),
             (zmq.RCVBUF, o.socket_buffer_bytes), (zmq.TCP_KEEPALIVE, 1)])
-        try:
-            if self.keys and server_key is not None:
-                security.make_client(sock, self.keys, server_key)
-            sock.connect(address)
-        except BaseException as exc:
-            sock.close(linger=0)
-            if isinstance(exc, zmq.ZMQError):  # an address libzmq cannot dial: one bad peer, never the caller's task
+        with _closed_on_failure(sock):
+            try:
+                if self.keys and server_key is not None:
+                    security.make_client(sock, self.keys, server_key)
+                sock.connect(address)
+            except zmq.ZMQError as exc:  # an address libzmq cannot dial: one bad peer, never the caller's task
                 raise BadAddress(f"cannot connect to {clip(address, 80)}: {exc}") from None
-            raise
         self.dealers[address] = sock
         self.dealer_tasks[address] = asyncio.get_running_loop().create_task(
             self._dealer_loop(address, sock), name=f"{self.name}-dealer-{address}"
@@ -482,6 +473,17 @@ class Transport:
 
 
 _UNSEEN = "an address closed before it was seen"  # a connection the monitor could not name
+
+
+@contextlib.contextmanager
+def _closed_on_failure(sock: zmq.asyncio.Socket) -> Iterator[None]:
+    """Close sock if what is done to it in the block fails (then re-raise): a socket the context still holds
+    is one that close() must reach, or ctx.term() waits for it for ever."""
+    try:
+        yield
+    except BaseException:
+        sock.close(linger=0)
+        raise
 
 
 def _origin(frame: zmq.Frame) -> str:

@@ -1022,20 +1022,42 @@ async def test_a_socket_that_cannot_be_set_up_is_closed_at_once(transports: Make
     """A socket left open in the context after its set-up failed would hold ctx.term() in close() for ever: the
     node could never stop (this hung every test of a transport whose set-up raised)."""
     bad = TransportOptions(sndhwm="many")  # type: ignore[arg-type]
+    kept = []  # each error and its frames stay alive, as with a caller that logs it
     if where == "dealer":
         receiver = transports("b")
         sender = transports("a", options=bad, bind=False)
-        with pytest.raises(TypeError) as failed:  # kept, with its frames, as a caller that logs it keeps it
+        with pytest.raises(TypeError) as failed:
             await sender.request(receiver.address, model(), timeout=2)
+        kept.append(failed)
         assert not sender.dealers and not sender.in_flight
     else:
         sender = transports("a", options=bad, bind=False)
         with pytest.raises(TypeError) as failed:
             sender.bind("tcp://127.0.0.1:0")
+        kept.append(failed)
         assert sender.router is None
     leaked = [s for s in sender.ctx._sockets if not s.closed]
     for sock in leaked:
         sock.close(linger=0)  # so that a leak fails this test instead of hanging it in close()
-    assert leaked == [] and failed.traceback
+    assert leaked == []
     await asyncio.wait_for(sender.close(), 5)
     assert sender.ctx.closed
+
+
+async def test_a_server_key_libzmq_refuses_is_its_own_error_not_a_failed_bind(
+        transports: Make, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from p2pfed.net import transport as transport_module
+
+    def refuse(sock: zmq.Socket, keys: security.Keys) -> None:
+        raise zmq.ZMQError(zmq.EINVAL, "CURVE is not available")
+
+    monkeypatch.setattr(transport_module.security, "make_server", refuse)
+    security.generate_keys(tmp_path / "b", "b")
+    receiver = transports("b", keys=security.load_keys(tmp_path / "b"), bind=False)
+    with pytest.raises(zmq.ZMQError, match="CURVE is not available") as failed:
+        receiver.bind("tcp://127.0.0.1:0")
+    assert "cannot bind" not in str(failed.value) and receiver.router is None
+    leaked = [s for s in receiver.ctx._sockets if not s.closed and s.type == zmq.ROUTER]  # not the ZAP handler's
+    for sock in leaked:
+        sock.close(linger=0)
+    assert leaked == []
