@@ -27,7 +27,7 @@ import torch
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.partition import Partition
-from p2pfed.methods import is_central, load_checked
+from p2pfed.methods import MOVED, is_central, load_checked
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
 from p2pfed.node.learner import LearningNode
@@ -376,7 +376,9 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
 
 def _settings(scenario: Scenario) -> dict[str, Any]:
     """What makes two runs comparable: every setting but the methods and the file it came from."""
-    return {k: v for k, v in asdict(scenario).items() if k not in ("methods", "path")}
+    settings = {k: v for k, v in asdict(scenario).items() if k not in ("methods", "path")}
+    settings["data"]["partition"]["kind"] = scenario.data.partition.kind  # a class's name, not a field
+    return settings
 
 
 def prepare_run(path: Path, out: Path | None, methods: list[str] | None = None,
@@ -395,7 +397,7 @@ def prepare_run(path: Path, out: Path | None, methods: list[str] | None = None,
         scenario.methods = methods
     out = out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if (out / "scenario.toml").exists():  # adding methods to a run folder: only to a run of the same scenario
-        before, now = _settings(load_scenario(out / "scenario.toml")), _settings(scenario)
+        before, now = _settings(load_scenario(out / "scenario.toml", moved=MOVED)), _settings(scenario)
         differ = [k for k in now if before.get(k) != now[k]]
         if differ:
             raise ConfigError(f"{out} holds a run of another scenario ({', '.join(differ)} differ); its report "

@@ -16,10 +16,10 @@ for IFCA-CAM, Eq. 11 for FeSEM-CAM) and the global model as the sample-weighted 
   (at most 10 times: "a few times until convergence"). Distances are over the parameters of the
   fully-connected layers only, as the paper's experiments measure them (§5); centroids are whole models.
   Warm-up: every node trains ``warmup`` local epochs, and k-means (20 restarts, as FeSEM) over those
-  models gives the first clusters; Θ_g starts from the shared initial model. λ is ``lam``.
+  models gives the first clusters; Θ_g starts from the shared initial model. λ is ``penalty``.
 
 Options: ``[methods.ifca-cam]`` ``k`` and ``warmup`` (default 5); ``[methods.fesem-cam]`` ``k``, ``warmup``
-(default 5) and ``lam`` (default 0.01). Each was once a key of ``[central]``: k, cam_warmup, fesem_lambda.
+(default 5) and ``penalty`` (λ, default 0.01).
 
 With partial participation, Eq. 6's n is the sample count of this round's participants (the m clients of
 the paper's equation all take part there), so a cluster model moves toward its participants in
@@ -136,14 +136,14 @@ class FeSEMCAMOptions(ClusteredOptions):
     makes the first clusters, and λ of Eq. 12."""
 
     warmup: int = 5
-    lam: float = 0.01
+    penalty: float = 0.01  # λ of Eq. 12
     moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.cam_warmup": "warmup",
-                                       "central.fesem_lambda": "lam"}
+                                       "central.fesem_lambda": "penalty"}
 
     def validate(self, where: str) -> None:
         super().validate(where)
-        if self.warmup < 1 or not self.lam >= 0:
-            raise ConfigError(f"{where}warmup must be >= 1 and lam >= 0 (got {self.warmup}, {self.lam})")
+        if self.warmup < 1 or not self.penalty >= 0:
+            raise ConfigError(f"{where}warmup must be >= 1 and penalty >= 0 (got {self.warmup}, {self.penalty})")
 
 
 class CAMServer(ServerMethod):
@@ -276,7 +276,7 @@ class FeSEMCAMServer(CAMServer):
     def _task(self, kind: str, node: str) -> Task:
         task = super()._task(kind, node)
         if self.joint:
-            task.meta["penalty"] = self.options.lam  # Eq. 12: λ/2·||θ_i − Θ_c(i)||²
+            task.meta["penalty"] = self.options.penalty  # Eq. 12: λ/2·||θ_i − Θ_c(i)||²
         return task
 
     def update_clusters(self, rnd: int, updates: dict[str, Update]) -> None:

@@ -3,7 +3,7 @@
 Every cluster is trained by FedAvg. After a cluster's round, with ΔW_i the update of each participant,
 the cluster is split in two when FedAvg has converged for the cluster as a whole but not for its members:
 ||mean ΔW|| < ε1 (``eps1``) and max ||ΔW_i|| > ε2 (``eps2``), after ``warmup`` rounds and only if each
-side gets at least ``min_size`` nodes (the ``[methods.cfl]`` table; once ``[central] cfl_KEY``). The split is
+side gets at least ``min_size`` nodes (the ``[methods.cfl]`` table). The split is
 the optimal bipartition of the cosine similarities of the updates: complete-linkage agglomerative
 clustering into two groups (as the authors' code). Defaults ε1 = 0.4, ε2 = 1.6, warm-up 20 rounds are the
 authors' and FL-bench's.

@@ -27,8 +27,7 @@ Choices where the paper is silent, and why:
   whose members trained keeps its model.
 
 Options, ``[methods.feddsmic]`` and ``[methods.fedds]``: ``k``, ``indicator_per_class`` (default 10, the
-paper's), ``inner_lr`` (default 0.01, the paper's) and ``warmup`` (default 5); once ``[central]`` k,
-indicator_per_class, maml_inner_lr and cam_warmup.
+paper's), ``inner_lr`` (default 0.01, the paper's) and ``warmup`` (default 5).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ participation the anchors of a round come from that round's participants. FedFM 
 (generalised FL): every node is evaluated with it.
 
 Options, ``[methods.fedfm]`` and ``[methods.fedfm-l2]``: ``lam``, ``start``, ``temperature``, ``uniform``;
-``[methods.fedfm-lite]`` adds ``every``. Each was once ``[central] fedfm_KEY`` (``fedfm_lambda`` for ``lam``).
+``[methods.fedfm-lite]`` adds ``every``.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class FedFomoClient(ClientMethod):
 
 @dataclass(frozen=True)
 class FedFomoOptions(MethodOptions):
-    """FedFomo's options, the scenario's [methods.fedfomo] table (once [central] fomo_m and fomo_epsilon)."""
+    """FedFomo's options, the scenario's [methods.fedfomo] table."""
 
     m: int = 5  # models each node downloads per round
     epsilon: float = 0.3  # chance that a download slot picks a random node

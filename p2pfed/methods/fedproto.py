@@ -2,8 +2,7 @@
 feature embedding of each class, taken at the input of the model's head), never models.
 
 Each round a participant trains its own model with the loss CE + λ·||f(x) − P̄_y||² (mean over the
-batch, for the classes that have a global prototype; λ is ``[methods.fedproto] lam``, once
-``[central] proto_lambda``), then sends its
+batch, for the classes that have a global prototype; λ is ``[methods.fedproto] lam``), then sends its
 prototypes and per-class sample counts. The coordinator's global prototype of a class is the
 count-weighted mean of the nodes' prototypes of that class. Each node is evaluated with its own model.
 

@@ -1,6 +1,6 @@
 """FedProx (Li et al., 2020): FedAvg whose local objective adds the proximal term μ/2·||w − w_global||²,
 which keeps heterogeneous clients near the global model. Server side it is FedAvg. Options:
-``[methods.fedprox]`` ``mu`` (μ, default 0.01; it was ``[central] prox_mu``)."""
+``[methods.fedprox]`` ``mu`` (μ, default 0.01)."""
 
 from __future__ import annotations
 

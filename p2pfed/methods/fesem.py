@@ -4,7 +4,7 @@ Each round (Algorithm 1): E-step, every node goes to the center nearest its loca
 Euclidean distance of the parameters); M-step, each center is the plain mean of its members' W_i (Eq. 9,
 not weighted by samples: the paper's objective weighs nodes equally); local update, a participant starts
 from its center and minimises its loss plus λ·||W_i − W̃_k||² (Eq. 7, with the paper's λ/m folded into
-``[methods.fesem] lam`` and the squared distance for a smooth gradient; the E-step's argmin is the same).
+``[methods.fesem] penalty`` and the squared distance for a smooth gradient; the E-step's argmin is the same).
 
 Choices where the paper leaves room, and why:
 - K is given (``[methods.fesem] k``, default the scenario's number of clusters): paper 002 ran FeSEM with the
@@ -38,15 +38,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FeSEMOptions(ClusteredOptions):
-    """FeSEM's options, the scenario's [methods.fesem] table: K and λ."""
+    """FeSEM's options, the scenario's [methods.fesem] table: K and λ (penalty)."""
 
-    lam: float = 0.01  # λ of Eq. 7 (λ/m folded in)
-    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.fesem_lambda": "lam"}
+    penalty: float = 0.01  # λ of Eq. 7 (λ/m folded in)
+    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.fesem_lambda": "penalty"}
 
     def validate(self, where: str) -> None:
         super().validate(where)
-        if not self.lam >= 0:
-            raise ConfigError(f"{where}lam must be >= 0 (got {self.lam})")
+        if not self.penalty >= 0:
+            raise ConfigError(f"{where}penalty must be >= 0 (got {self.penalty})")
 
 
 class FeSEMServer(ServerMethod):
@@ -90,7 +90,7 @@ class FeSEMServer(ServerMethod):
 
     def train_task(self, rnd: int, node: str) -> Task:
         task = super().train_task(rnd, node)
-        task.meta["penalty"] = 2.0 * self.options.lam  # coef/2·||·||² = λ·||W_i − W̃_k||²
+        task.meta["penalty"] = 2.0 * self.options.penalty  # coef/2·||·||² = λ·||W_i − W̃_k||²
         return task
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:

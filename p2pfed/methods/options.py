@@ -4,8 +4,8 @@ the file. A method declares its options as a frozen dataclass deriving from ``Me
 a ``validate(where)`` of its values alone and, where a value must fit the scenario (a warm-up shorter than
 the run), a ``within(scenario, where)``.
 
-The options of the first methods were once in two shared tables, ``[pfedlia]`` and ``[central]``; each
-options class names in ``moved`` the keys it was there, so an old file gets one error saying where each went.
+``moved`` names the keys of the former shared tables ``[pfedlia]`` and ``[central]`` that an options class
+took over, so that a file written for them gets one error saying where each went.
 """
 
 from __future__ import annotations

@@ -272,7 +272,8 @@ def _partition_of(table: dict[str, Any]) -> PartitionOptions:
     others = sorted(set(table) - known)
     if others:
         raise ConfigError(f"data.partition.{others[0]} is not an option of the {kind} partition (its options: "
-                          f"{', '.join(sorted(known)) or 'none'})")
+                          f"{', '.join(sorted(known)) or 'none'}; to change the kind with --set, give the whole "
+                          f"table: --set 'data.partition={{kind = \"{kind}\"}}')")
     return fill(PARTITIONS[kind], table, "data.partition.")
 
 
@@ -282,11 +283,21 @@ def _check_moved(data: dict[str, Any], moved: Moved) -> None:
     gone = []
     keys = data.get("data")
     if isinstance(keys, dict):
-        if isinstance(keys.get("partition"), str):
-            gone.append(f"data.partition is now a table: [data.partition] kind = {keys['partition']!r}, with the "
+        kind = keys.get("partition")
+        if isinstance(kind, str):
+            gone.append(f"data.partition is now a table: [data.partition] kind = {clip(kind, 40)}, with the "
                         "partition's options")
-        gone += [f"data.{key} is now data.partition.{new} ([data.partition] {new} = ...)"
-                 for key, new in _DATA_MOVED.items() if key in keys]
+        # the file's partition (pathological when it named none) says whether each key is one of its options
+        options = PARTITIONS.get(kind if isinstance(kind, str) else "pathological")
+        known = {f.name for f in dataclasses.fields(options)} if options is not None else set()  # type: ignore[arg-type]
+        for key, new in _DATA_MOVED.items():
+            if key not in keys:
+                continue
+            if options is None or new in known:
+                gone.append(f"data.{key} is now data.partition.{new} ([data.partition] {new} = ...)")
+            else:
+                gone.append(f"data.{key} is not an option of the {options.kind} partition: drop it"
+                            + (" (a method with K models takes k in its own table)" if key == "clusters" else ""))
     for table in sorted({table for table, _ in moved}):
         keys = data.get(table)
         if not isinstance(keys, dict):

@@ -49,7 +49,7 @@ def test_fesem_cam_warm_up_trains_local_epochs_and_clusters_them() -> None:
         seen.append(task)
         return Update(firsts[node], 10, {})
 
-    method = FeSEMCAMServer(FakeCoordinator(answer), FeSEMCAMOptions(k=2, warmup=3, lam=0.2))
+    method = FeSEMCAMServer(FakeCoordinator(answer), FeSEMCAMOptions(k=2, warmup=3, penalty=0.2))
     asyncio.run(method.before_round(0, sorted(firsts)))
     assert all(t.meta["epochs"] == 3 for t in seen)
     groups = method.clusters()

@@ -136,8 +136,9 @@ def test_a_global_model_beats_local_training_when_data_is_scarce_and_alike(runs:
     assert runs.accuracy("iid", method) > runs.accuracy("iid", "local") + 0.15, runs("iid", method)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 12: FedFM-Lite reloads the global model before each model "
-                   "round, throwing away the rounds it trained alone (measured: 22.2 % against local 54.6 %)")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 12: FedFM-Lite reloads the global model "
+                   "before each model round, throwing away the rounds it trained alone (measured: 22.2 % against "
+                   "local 54.6 %)")
 def test_fedfm_lite_beats_local_training_and_sends_less_than_fedfm(runs: Runs) -> None:
     assert runs("iid", "fedfm-lite")["bytes_sent"] < runs("iid", "fedfm")["bytes_sent"]
     assert runs.accuracy("iid", "fedfm-lite") > runs.accuracy("iid", "local") + 0.15

@@ -21,7 +21,7 @@ def first_local_models(node: str, task: Task) -> Update:
 
 def test_initial_centers_by_kmeans_then_nodes_move_to_the_nearest_center() -> None:
     ctx = FakeCoordinator(first_local_models, clusters=2)
-    method = FeSEMServer(ctx, FeSEMOptions(lam=0.05))
+    method = FeSEMServer(ctx, FeSEMOptions(penalty=0.05))
     asyncio.run(method.before_round(0, sorted(FIRST)))
     groups = method.clusters()
     assert groups["n0"] == groups["n1"] == groups["n2"] != groups["n3"] == groups["n4"] == groups["n5"]

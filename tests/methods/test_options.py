@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from p2pfed.config import ConfigError
-from p2pfed.methods import CENTRAL, MOVED, OPTIONS, REGISTRY, load_checked
-from p2pfed.methods.cam import IFCACAMOptions
+from p2pfed.methods import MOVED, OPTIONS, load_checked
 from p2pfed.methods.fesem import FeSEMServer
 
 # Every key the former [pfedlia] and [central] tables had (scenario/config.py before the move).
@@ -33,13 +32,35 @@ def test_every_key_of_the_former_tables_went_to_a_field_of_each_method_that_read
             assert options is not None and new in {f.name for f in dataclasses.fields(options)}, (table, key)
 
 
+# Every method's defaults, as the shared tables had them: the results of a scenario that sets nothing must not
+# move (a changed default changes every run that relies on it).
+DEFAULTS = {
+    "pfedlia-p2p": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8},
+    "pfedlia-central": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05,
+                        "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
+    "fesem": {"k": 0, "penalty": 0.01}, "ifca": {"k": 0},
+    "ifca-cam": {"k": 0, "warmup": 5}, "fesem-cam": {"k": 0, "warmup": 5, "penalty": 0.01},
+    "cfl": {"eps1": 0.4, "eps2": 1.6, "warmup": 20, "min_size": 2},
+    "feddsmic": {"k": 0, "indicator_per_class": 10, "inner_lr": 0.01, "warmup": 5},
+    "fedds": {"k": 0, "indicator_per_class": 10, "inner_lr": 0.01, "warmup": 5},
+    "fedfm": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False},
+    "fedfm-l2": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False},
+    "fedfm-lite": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False, "every": 5},
+    "fedprox": {"mu": 0.01}, "fedproto": {"lam": 1.0}, "fedfomo": {"m": 5, "epsilon": 0.3},
+    "perfedavg": {"inner_lr": 0.01, "personal_steps": 1},
+}
+
+
 @pytest.mark.parametrize("method", sorted(OPTIONS))
-def test_the_defaults_of_every_method_are_valid(method: str) -> None:
+def test_every_methods_defaults_are_the_former_ones_valid_and_frozen(method: str) -> None:
     options = OPTIONS[method]
-    if options is None:
-        assert (CENTRAL.get(method) or REGISTRY[method]).options_type is None
+    if options is None:  # fedavg, local, oracle and their p2p forms have nothing to set
+        assert method not in DEFAULTS and method.removesuffix("-p2p") in ("fedavg", "local", "oracle")
         return
+    assert dataclasses.asdict(options()) == DEFAULTS[method]
     options().validate(f"methods.{method}.")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options().k = 3  # type: ignore[attr-defined]
 
 
 def test_a_method_that_does_not_run_has_its_values_checked_but_not_against_the_run(tmp_path: Path) -> None:
@@ -79,8 +100,3 @@ def test_an_old_file_is_told_where_every_key_went_at_once(tmp_path: Path) -> Non
     path.write_text(BASE.format(methods="['fedavg']") + "[central]\n")
     with pytest.raises(ConfigError, match=r"old\.toml: the \[central\] table is gone: a method's options are in"):
         load_checked(path)
-
-
-def test_the_options_are_one_frozen_object_per_method() -> None:
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        IFCACAMOptions().warmup = 3  # type: ignore[misc]

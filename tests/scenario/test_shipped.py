@@ -71,3 +71,11 @@ def test_a_run_folder_takes_more_methods_only_of_the_same_scenario(tmp_path: Pat
     (out / "scenario.toml").write_text(path.read_text())  # as a finished run leaves it
     with pytest.raises(ConfigError, match="holds a run of another scenario"):
         prepare_run(path, out, methods=["local"], overrides=["scenario.seed=5"])
+    # another partition is another scenario; the same one takes more methods
+    (out / "scenario.toml").write_text(path.read_text().replace("partition.clusters = 2", "partition.kind = 'iid'"))
+    path.write_text(path.read_text().replace("partition.clusters = 2", "partition.kind = 'missing'\n"
+                                             "partition.classes = 0"))
+    with pytest.raises(ConfigError, match=r"holds a run of another scenario \(data differ\)"):
+        prepare_run(path, out, methods=["local"])
+    (out / "scenario.toml").write_text(path.read_text())
+    assert prepare_run(path, out, methods=["local"])[0].methods == ["local"]

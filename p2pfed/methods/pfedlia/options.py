@@ -1,6 +1,5 @@
 """pFedLIA's options: the influence phase's, the same for both forms, then each form's own, in the tables
-``[methods.pfedlia-p2p]`` and ``[methods.pfedlia-central]`` (once the shared ``[pfedlia]`` table, and
-``[central]`` for OPTICS and the scoring deadline)."""
+``[methods.pfedlia-p2p]`` and ``[methods.pfedlia-central]``."""
 
 from __future__ import annotations
 
