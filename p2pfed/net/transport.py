@@ -132,7 +132,8 @@ class Transport:
         # (e.g. when the peer there was last heard from); the lowest-scored idle connection goes.
         self.keep_scores: Callable[[], dict[str, float]] | None = None
         self.dealer_tasks: dict[str, asyncio.Task[None]] = {}
-        self.pending: dict[str, asyncio.Future[Message]] = {}
+        # (address, message id) -> the reply it waits for: one message may be requested of several peers at once
+        self.pending: dict[tuple[str, str], asyncio.Future[Message]] = {}
         self.in_flight: Counter[str] = Counter()  # requests waiting for a reply, by address
         # address -> (why its handshake failed, whether the other side refused us): watched addresses only
         self.handshakes: dict[str, tuple[str, bool]] = {}
@@ -231,7 +232,8 @@ class Transport:
                     security.make_client(sock, self.keys, server_key)
                 sock.connect(address)
             except zmq.ZMQError as exc:  # an address libzmq cannot dial: one bad peer, never the caller's task
-                raise BadAddress(f"cannot connect to {clip(address, 80)}: {exc}") from None
+                # libzmq's reason alone: pyzmq's text of the error repeats the whole address, which came from a peer
+                raise BadAddress(f"cannot connect to {clip(address, 80)}: {zmq.strerror(exc.errno)}") from None
         self.dealers[address] = sock
         self.dealer_tasks[address] = asyncio.get_running_loop().create_task(
             self._dealer_loop(address, sock), name=f"{self.name}-dealer-{address}"
@@ -314,7 +316,7 @@ class Transport:
                                 f"({self.options.max_message_bytes / 2**20:.0f} MB): a receiver with the same cap "
                                 "would drop it; raise [mesh] max_message_mb on every member")
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self.pending[msg.id] = fut
+        self.pending[address, msg.id] = fut
         self.in_flight[address] += 1
         try:
             sock = self._dealer(address, server_key)
@@ -337,7 +339,7 @@ class Transport:
             # pyzmq cancels a pending send when its socket is closed (forget): that is a failed delivery.
             raise DeliveryError(f"{msg.type} {msg.id[:8]} to {address}: connection closed while sending") from None
         finally:
-            self.pending.pop(msg.id, None)
+            self.pending.pop((address, msg.id), None)
             self.in_flight[address] -= 1
             if not self.in_flight[address]:
                 del self.in_flight[address]
@@ -357,12 +359,12 @@ class Transport:
                 self.refusals.warning(address, "%s: dropped reply from %s (%s): %s", self.name, seen["sender"],
                                       address, cut(str(exc)))
                 # The request it answers fails now rather than at its timeout (the reply came and was bad).
-                fut = self.pending.get(seen["id"])
+                fut = self.pending.get((address, seen["id"]))
                 if fut is not None and not fut.done():
                     fut.set_exception(DeliveryError(f"reply from {address} refused: {exc}"))
                 continue
             self.bytes_received += sum(len(f) for f in frames)
-            fut = self.pending.get(reply.id)
+            fut = self.pending.get((address, reply.id))
             if fut is not None and not fut.done():
                 fut.set_result(reply)
 

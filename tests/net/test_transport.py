@@ -1114,3 +1114,66 @@ async def test_a_queue_of_messages_is_read_a_few_at_a_time_so_other_tasks_run_in
     await asyncio.wait_for(tick(), 5)
     runs = [len(run) for run in "".join(order).split("t") if run]
     assert sum(runs) == 40 and max(runs) <= 4, runs
+
+
+async def test_one_message_requested_of_two_peers_at_once_gets_each_peers_own_reply(transports: Make) -> None:
+    """Replies are matched to requests by address and id: the same message (one id) sent to two peers at once
+    waited for one reply and timed out on the other, whose reply had answered the wrong request."""
+    sender = transports("a")
+    b, c = transports("b"), transports("c")
+    msg = model()
+    replies = await asyncio.gather(sender.request(b.address, msg, timeout=3), sender.request(c.address, msg, timeout=3))
+    assert [r.sender for r in replies] == ["b", "c"] and all(r.body["ok"] for r in replies)
+    assert not sender.pending and not sender.in_flight
+
+
+async def test_closed_connections_are_logged_by_peer_and_one_never_seen_says_so(
+        transports: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The monitor's events, played back: a closing from a peer it never saw open is named as such (and does
+    not end the watch); each peer has its own budget of lines, so a peer that churns cannot hide another."""
+    from p2pfed.net import transport as transport_module
+    from p2pfed.net.transport import _UNSEEN
+
+    receiver = transports("b", bind=False)
+    receiver.connections.update({1: "10.0.0.1:5000", 2: "10.0.0.2:5000"})
+    events = [{"event": zmq.EVENT_DISCONNECTED, "value": 99}]  # never seen open
+    for fd in range(10, 20):  # one peer churning: more closings than its budget of lines
+        events += [{"event": zmq.EVENT_ACCEPTED, "value": fd}, {"event": zmq.EVENT_DISCONNECTED, "value": fd}]
+    events += [{"event": zmq.EVENT_DISCONNECTED, "value": 1}, {"event": zmq.EVENT_DISCONNECTED, "value": 2}]
+    played = iter(events)
+
+    async def next_event(monitor: object) -> dict[str, int]:
+        try:
+            return next(played)
+        except StopIteration:
+            raise asyncio.CancelledError from None
+
+    monkeypatch.setattr(transport_module, "recv_monitor_message", next_event)
+    monkeypatch.setattr(transport_module, "_peer_of", lambda fd: "10.0.0.9:7000")
+    with caplog.at_level(logging.INFO, logger="p2pfed.net.transport"), pytest.raises(asyncio.CancelledError):
+        await receiver._watch_connections(None)  # type: ignore[arg-type]
+    said = [m.group(1) for r in caplog.records
+            for m in [re.match(r"b: connection from (.*) closed \(the peer left", r.getMessage())] if m]
+    assert said == [_UNSEEN, *["10.0.0.9:7000"] * 5, "10.0.0.1:5000", "10.0.0.2:5000"]
+    assert receiver.connections == {}
+
+
+async def test_an_address_libzmq_cannot_dial_is_a_bad_address_that_names_it_cut_short(transports: Make) -> None:
+    from p2pfed.net.transport import BadAddress
+
+    sender = transports("a", bind=False)
+    address = "tcp://" + "h" * 120  # no port
+    with pytest.raises(BadAddress) as failed:
+        await sender.request(address, model(), timeout=1)
+    assert str(failed.value) == f"cannot connect to {clip(address, 80)}: Invalid argument"
+    assert not sender.dealers and not sender.in_flight and not sender.pending
+    assert [s for s in sender.ctx._sockets if not s.closed] == []
+
+
+async def test_a_transport_before_bind_has_no_address_and_answers_in_the_default_mesh(transports: Make) -> None:
+    lone = Transport("a", Inbox())
+    try:
+        assert lone.address == "" and lone.router is None
+        assert lone._ack("x" * 8).mesh == "default"
+    finally:
+        await lone.close()
