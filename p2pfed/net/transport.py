@@ -233,7 +233,8 @@ class Transport:
                 sock.connect(address)
             except zmq.ZMQError as exc:  # an address libzmq cannot dial: one bad peer, never the caller's task
                 # libzmq's reason alone: pyzmq's text of the error repeats the whole address, which came from a peer
-                raise BadAddress(f"cannot connect to {clip(address, 80)}: {zmq.strerror(exc.errno)}") from None
+                reason = zmq.strerror(exc.errno) if exc.errno is not None else "refused by libzmq"
+                raise BadAddress(f"cannot connect to {clip(address, 80)}: {reason}") from None
         self.dealers[address] = sock
         self.dealer_tasks[address] = asyncio.get_running_loop().create_task(
             self._dealer_loop(address, sock), name=f"{self.name}-dealer-{address}"
