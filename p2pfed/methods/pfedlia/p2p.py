@@ -36,10 +36,10 @@ class PFedLIAP2P(Method):
     notes: ClassVar[frozenset[str]] = frozenset({"choices"})
 
     options_type = P2POptions
+    options: P2POptions
 
     def __init__(self, node: NodeContext, options: P2POptions) -> None:
         super().__init__(node, options)
-        self.cfg = options
         self.chosen: set[str] | None = None  # None until the influence phase ran
         self.choosers: set[str] = set()  # peers that chose this node: they get its model
         self.chosen_scores: dict[str, float] = {}
@@ -58,7 +58,7 @@ class PFedLIAP2P(Method):
     def accepts(self, kind: str, sender: str, rnd: int) -> bool:
         """Partial models only in the influence phase (round W, before choosing), from live peers."""
         if kind == "partial":
-            return self.chosen is None and rnd == self.cfg.warmup_rounds and sender in self.node.live_peers()
+            return self.chosen is None and rnd == self.options.warmup_rounds and sender in self.node.live_peers()
         return super().accepts(kind, sender, rnd)
 
     def on_note(self, kind: str, sender: str, rnd: int, values: dict[str, float]) -> None:
@@ -70,9 +70,9 @@ class PFedLIAP2P(Method):
             self.choosers.discard(sender)
 
     async def before_round(self, rnd: int) -> None:
-        if self.chosen is not None or rnd < self.cfg.warmup_rounds:
+        if self.chosen is not None or rnd < self.options.warmup_rounds:
             return
-        if rnd > self.cfg.warmup_rounds:
+        if rnd > self.options.warmup_rounds:
             await self.join_late()
             return
         peers = set(self.node.live_peers())
@@ -116,7 +116,7 @@ class PFedLIAP2P(Method):
         """This node's partial model: w0 (its current model) trained on a batch of its data. Both are kept for
         peers that join later."""
         w0 = self.node.current_state()
-        partial = await self.node.train_copy(w0, self.cfg.lia_batch, self.cfg.lia_epochs, self.cfg.lia_lr)
+        partial = await self.node.train_copy(w0, self.options.lia_batch, self.options.lia_epochs, self.options.lia_lr)
         self.node.keep({"w0": w0, "partial": partial})
         return partial
 
@@ -131,7 +131,7 @@ class PFedLIAP2P(Method):
 
     async def choose(self, scores: dict[str, float]) -> None:
         """Select peers from scores, remember and announce the choice."""
-        chosen = select_peers(scores, self.cfg.gap)
+        chosen = select_peers(scores, self.options.gap)
         self.chosen = set(chosen)
         self.chosen_scores = {p: scores[p] for p in chosen}
         self.node.record("choice", scores=scores, chosen=sorted(chosen))  # what the report reads
