@@ -1,17 +1,21 @@
 """Peer selection from lazy influence scores (paper 002, §III-F): peer to peer, each node splits its score
 vector into two groups with 2-means and aggregates with the higher group.
 
-Where the paper is silent we chose, and say so here:
-- 2-means in one dimension is solved exactly (the best split of the sorted scores), not by random
-  restarts, so every node of a scenario gets the same answer on every run.
-- Structure test: 2-means always splits, even when all peers are alike (IID data). We accept the split
-  only if it explains at least ``gap`` (default 0.8) of the scores' variance: a clearly bimodal vector
-  explains > 0.9, evenly spread scores 0.75. Without a clear split, every peer with positive influence is
-  chosen (IID: all peers help, so all are chosen; if none helps, the node trains alone).
-- Only peers with positive influence are ever chosen: a negative score means the peer's data raises my
-  validation loss, whatever group it falls in.
-- A single peer is chosen iff its influence is positive; no peers, no choice.
-- Ties (equal scores) always land in the same group, since a split only falls between distinct values.
+Two rules, ``[methods.pfedlia-p2p] selection``:
+- ``"paper"``: plain 2-means, the higher group, whatever the scores are (every peer when they cannot be
+  split: one peer, or all scores equal).
+- ``"ours"`` (the default) adds two rules where the paper is silent, about IID peers and about peers that
+  raise a node's loss:
+  - Structure test: 2-means always splits, even when all peers are alike (IID data). We accept the split
+    only if it explains at least ``gap`` (default 0.8) of the scores' variance: a clearly bimodal vector
+    explains > 0.9, evenly spread scores 0.75. Without a clear split, every peer with positive influence
+    is chosen (IID: all peers help, so all are chosen; if none helps, the node trains alone).
+  - Only peers with positive influence are ever chosen: a negative score means the peer's data raises my
+    validation loss, whatever group it falls in. So a single peer is chosen iff its influence is positive.
+
+Both solve 2-means in one dimension exactly (the best split of the sorted scores), not by random restarts,
+so every node of a scenario gets the same answer on every run; ties (equal scores) always land in the same
+group, since a split only falls between distinct values. No peers, no choice.
 """
 
 from __future__ import annotations
@@ -44,13 +48,25 @@ def two_means(scores: np.ndarray) -> tuple[float, float]:
     return float((s[best_k - 1] + s[best_k]) / 2), 1.0 - best_sse / total
 
 
-def select_peers(scores: dict[str, float], gap: float = 0.8) -> list[str]:
-    """The peers this node aggregates with, from its lazy influence scores of them."""
+SELECTION_RULES = ("ours", "paper")
+
+
+def select_peers(scores: dict[str, float], gap: float = 0.8, rule: str = "ours") -> list[str]:
+    """The peers this node aggregates with, from its lazy influence scores of them.
+
+    rule "paper": the higher group of the 2-means split, negative scores included; every peer when the
+    scores cannot be split (one peer, or all equal: one group, which is then the higher one).
+    rule "ours": the split only if it explains at least gap of the variance, and only positive scores.
+    """
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"selection rule must be one of {', '.join(SELECTION_RULES)} (got {rule!r})")
     names = sorted(scores)
     if not names:
         return []
     values = np.array([scores[n] for n in names])
     threshold, explained = two_means(values)
+    if rule == "paper":
+        return [n for n, v in zip(names, values, strict=True) if v > threshold]
     if len(names) >= 2 and explained >= gap:
         chosen = [n for n, v in zip(names, values, strict=True) if v > threshold]
     else:

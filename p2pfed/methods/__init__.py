@@ -22,14 +22,14 @@ from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.ifca import IFCAServer
 from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.methods.perfedavg import PerFedAvgServer
-from p2pfed.methods.pfedlia.central import PFedLIACentralServer
-from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
+from p2pfed.methods.pfedlia.central import PFedLIACentralPaperServer, PFedLIACentralServer
+from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
 from p2pfed.scenario.config import Moved, Scenario, load_scenario, source
 
-REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P)}
+REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P, PFedLIAP2PPaper)}
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     FedAvgServer, FedProxServer, LocalServer, OracleServer, FeSEMServer, IFCAServer, CFLServer,
-    PFedLIACentralServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
+    PFedLIACentralServer, PFedLIACentralPaperServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
     FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer)}
 METHODS = (*CENTRAL, *REGISTRY)
 OPTIONS: dict[str, type[MethodOptions] | None] = {

@@ -22,6 +22,10 @@ class MethodOptions:
 
     # "table.key" it once was in a shared table -> its key here (e.g. "central.prox_mu": "mu")
     moved: ClassVar[dict[str, str]] = {}
+    # A variant of another method (pfedlia-p2p-paper of pfedlia-p2p) takes that method's table, but for the
+    # keys in `own`, under its own: run side by side, the two differ only in what the variant is about.
+    base: ClassVar[str] = ""
+    own: ClassVar[frozenset[str]] = frozenset()
 
     def validate(self, where: str) -> None:
         """Raise ConfigError naming where + the key of a value that cannot work."""
@@ -34,10 +38,17 @@ OptionsT = TypeVar("OptionsT", bound=MethodOptions)
 
 
 def options_of(options_type: type[OptionsT], scenario: Scenario, name: str, fit: bool = True) -> OptionsT:
-    """Method name's options from the scenario's [methods.NAME] table (defaults where it has none), checked,
-    and (fit) checked against the scenario."""
+    """Method name's options from the scenario's [methods.NAME] table (a variant's: the base method's table,
+    overlaid by its own; defaults where they have none), checked, and (fit) checked against the scenario."""
     where = f"methods.{name}."
-    options = fill(options_type, scenario.method_tables.get(name, {}), where)
+    table = scenario.method_tables.get(name, {})
+    if options_type.base:
+        inherited = {key: value for key, value in scenario.method_tables.get(options_type.base, {}).items()
+                     if key not in options_type.own}
+        base_where = f"methods.{options_type.base}."
+        fill(options_type, inherited, base_where).validate(base_where)  # an error names where the value is
+        table = {**inherited, **table}
+    options = fill(options_type, table, where)
     options.validate(where)
     if fit:
         options.within(scenario, where)

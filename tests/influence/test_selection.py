@@ -37,6 +37,20 @@ def test_single_peer_ties_and_empty() -> None:
     assert 1.0 < threshold < 5.0 and explained > 0.99
 
 
+def test_the_papers_rule_is_plain_2_means_and_the_higher_group_whatever_the_scores() -> None:
+    hurting = {"a": -0.1, "b": -0.12, "c": -5.0, "d": -5.1}
+    assert select_peers(hurting, rule="paper") == ["a", "b"]  # ours trains alone: every peer hurts
+    spread = {f"p{i}": float(v) for i, v in enumerate(np.linspace(0.1, 1.0, 10))}
+    assert select_peers(spread, rule="paper") == [f"p{i}" for i in range(5, 10)]  # ours: no clear split, all 10
+    assert select_peers({"a": -0.3}, rule="paper") == ["a"]  # one group: the higher one
+    assert select_peers({"a": -1.0, "b": -1.0}, rule="paper") == ["a", "b"]
+    assert select_peers({}, rule="paper") == []
+    # the gap is ours alone: the paper's rule splits however little the split explains
+    assert select_peers(spread, gap=1.0, rule="paper") == select_peers(spread, rule="paper")
+    with pytest.raises(ValueError, match="selection rule must be one of ours, paper"):
+        select_peers(spread, rule="mine")
+
+
 def test_mutual_clusters_are_connected_groups_of_mutual_choices() -> None:
     choices = {"a": ["b"], "b": ["a", "c"], "c": ["b"], "x": ["y"], "y": ["x"], "e": []}
     found = mutual_clusters(choices)

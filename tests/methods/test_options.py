@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from p2pfed.config import ConfigError
-from p2pfed.methods import MOVED, OPTIONS, load_checked
+from p2pfed.methods import CENTRAL, MOVED, OPTIONS, REGISTRY, load_checked
 from p2pfed.methods.fesem import FeSEMServer
+from p2pfed.methods.pfedlia.options import PaperCentralOptions, PaperP2POptions
+from p2pfed.scenario.config import Scenario
 
 # Every key the former [pfedlia] and [central] tables had (scenario/config.py before the move).
 FORMER = {
@@ -35,9 +37,14 @@ def test_every_key_of_the_former_tables_went_to_a_field_of_each_method_that_read
 # Every method's defaults, as the shared tables had them: the results of a scenario that sets nothing must not
 # move (a changed default changes every run that relies on it).
 DEFAULTS = {
-    "pfedlia-p2p": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8},
-    "pfedlia-central": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05,
+    "pfedlia-p2p": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
+                    "selection": "ours"},
+    "pfedlia-p2p-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
+                          "selection": "paper"},
+    "pfedlia-central": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "optics": "ours",
                         "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
+    "pfedlia-central-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05,
+                              "optics": "paper", "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
     "fesem": {"k": 0, "penalty": 0.01}, "ifca": {"k": 0},
     "ifca-cam": {"k": 0, "warmup": 5}, "fesem-cam": {"k": 0, "warmup": 5, "penalty": 0.01},
     "cfl": {"eps1": 0.4, "eps2": 1.6, "warmup": 20, "min_size": 2},
@@ -100,3 +107,23 @@ def test_an_old_file_is_told_where_every_key_went_at_once(tmp_path: Path) -> Non
     path.write_text(BASE.format(methods="['fedavg']") + "[central]\n")
     with pytest.raises(ConfigError, match=r"old\.toml: the \[central\] table is gone: a method's options are in"):
         load_checked(path)
+
+
+def test_a_paper_form_takes_its_base_methods_table_but_the_rule(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(BASE.format(methods='["pfedlia-p2p", "pfedlia-p2p-paper", "pfedlia-central-paper"]')
+                    + "[methods.pfedlia-p2p]\nwarmup_rounds = 1\nlia_batch = 7\nselection = 'ours'\n"
+                    + "[methods.pfedlia-central]\nwarmup_rounds = 2\noptics = 'ours'\n")
+    scenario = load_checked(path)
+    assert options_of("pfedlia-p2p-paper", scenario) == PaperP2POptions(warmup_rounds=1, lia_batch=7, selection="paper")
+    assert options_of("pfedlia-central-paper", scenario) == PaperCentralOptions(warmup_rounds=2, optics="paper")
+    # its own table wins, and a bad inherited value is named where it is written
+    assert options_of("pfedlia-p2p-paper", load_checked(path, ["methods.pfedlia-p2p-paper.lia_batch=9"])).lia_batch == 9
+    with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p\.lia_epochs, lia_batch and lia_lr must be positive"):
+        load_checked(path, ["methods.pfedlia-p2p.lia_batch=0"])
+    with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p-paper\.selection must be one of ours, paper"):
+        load_checked(path, ["methods.pfedlia-p2p-paper.selection=best"])
+
+
+def options_of(method: str, scenario: Scenario) -> object:
+    return (CENTRAL.get(method) or REGISTRY[method]).options_from(scenario)

@@ -153,3 +153,20 @@ def test_ctrl_c_stops_every_node_and_leaves_a_readable_run_folder(tmp_path: Path
     children = subprocess.run(["pgrep", "-f", f"--out {out / 'fedavg'}"], capture_output=True, text=True)
     assert children.stdout.strip() == "", "orphan node processes"
     assert os.path.exists(out / "results.md")
+
+
+def test_the_papers_selection_and_clustering_rules_run_over_sockets(tmp_path: Path) -> None:
+    path = write(tmp_path, methods='["pfedlia-p2p-paper", "pfedlia-central-paper"]')
+    shrink(path, nodes=6, clusters=2, rounds=8)  # the paper forms take [methods.pfedlia-p2p] and -central's
+    out = tmp_path / "run"
+    run_scenario(load_scenario(path), out)
+    summary = json.loads((out / "summary.json").read_text())["methods"]
+    for method in ("pfedlia-p2p-paper", "pfedlia-central-paper"):
+        assert summary[method]["nodes_finished"] == 6 and not summary[method]["crashed"], method
+        assert summary[method]["accuracy"] > 0.8, (method, summary[method]["accuracy"])
+    # two clean label clusters: the higher 2-means group of every node is its two cluster mates
+    assert summary["pfedlia-p2p-paper"]["ari"] == 1.0
+    assert [sorted(r["chosen"]) for r in records(out, "pfedlia-p2p-paper", "n00") if r["event"] == "choice"] == [
+        ["n01", "n02"]]
+    table = (out / "results.md").read_text()
+    assert "pfedlia-p2p-paper" in table and "pfedlia-central-paper" in table

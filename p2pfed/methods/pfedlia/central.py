@@ -6,21 +6,25 @@ model w0 to every live node, each trains its partial model on a batch of its dat
 method) and sends it back; the center sends every node all partial models, and each node returns the
 lazy influence of each on its own validation split: row i of the matrix is node i's view of everyone.
 
-Choices where the paper is silent, and why:
+Two clustering rules, ``[methods.pfedlia-central] optics``. ``"paper"`` is the paper's: OPTICS on the raw
+matrix, and each noise point (OPTICS label −1) a cluster of its own. ``"ours"`` (the default) adds what follows,
+where the paper is silent about the scale of rows and about noise points:
 - OPTICS clusters the rows after standardising each (zero mean, unit variance): nodes differ in the scale
   of their validation loss, and the pattern of whom a node gains from is what identifies its cluster.
-  ``optics_min_samples`` and ``optics_xi`` (``[methods.pfedlia-central]``) are OPTICS's own parameters.
-  min_samples defaults to 3: on simulated block matrices with clusters of 4 and noisy rows (tests/methods/
-  pfedlia/test_central.py), 2 split clusters into pairs now and then (mean ARI 0.95 over 30 draws)
-  and 4 merged small clusters (0.83), while 3 recovered every draw. ``optics_xi`` keeps
-  scikit-learn's default 0.05 (0.1 and 0.2 did the same there).
-- Noise points (OPTICS label −1), and members of an OPTICS cluster whose own row says they gain nothing
-  from their cluster mates (mean influence ≤ 0: OPTICS's xi extraction can absorb a cluster smaller than
-  min_samples into a neighbour), are placed one by one in name order: each joins the cluster whose
-  members help it most (highest mean influence in its row), if that mean is positive; otherwise it
-  starts a cluster of its own, from w0, which the next ones may join. So two nodes that only help each
-  other end up together, and every node gets the model its own scores say is best for it.
-- A node that joins after the phase scores the kept partial models and is placed by the same rule.
+- Noise points, and members of an OPTICS cluster whose own row says they gain nothing from their cluster
+  mates (mean influence ≤ 0: OPTICS's xi extraction can absorb a cluster smaller than min_samples into a
+  neighbour), are placed one by one in name order: each joins the cluster whose members help it most
+  (highest mean influence in its row), if that mean is positive; otherwise it starts a cluster of its
+  own, from w0, which the next ones may join. So two nodes that only help each other end up together,
+  and every node gets the model its own scores say is best for it.
+
+Under both rules ``optics_min_samples`` and ``optics_xi`` are OPTICS's own parameters. min_samples defaults
+to 3: on simulated block matrices with clusters of 4 and noisy rows (tests/methods/pfedlia/test_central.py),
+2 split clusters into pairs now and then (mean ARI 0.95 over 30 draws) and 4 merged small clusters (0.83),
+while 3 recovered every draw. ``optics_xi`` keeps scikit-learn's default 0.05 (0.1 and 0.2 did the same
+there).
+- A node that joins after the phase scores the kept partial models and is placed by the placement rule
+  above, under both rules: the paper clusters once and says nothing of nodes that come later.
 - The node's own partial model is scored too (the diagonal): it is part of its row's pattern.
 
 The node side (``PFedLIAClient``) answers the phase's two tasks: a ``compute`` task with w0 is answered with
@@ -38,16 +42,19 @@ from sklearn.cluster import OPTICS
 
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, keyed, unkeyed
-from p2pfed.methods.pfedlia.options import CentralOptions
+from p2pfed.methods.pfedlia.options import CentralOptions, PaperCentralOptions
 from p2pfed.wire import WireError
 
 log = logging.getLogger(__name__)
 
 
-def optics_clusters(matrix: np.ndarray, min_samples: int, xi: float) -> np.ndarray:
-    """OPTICS labels of the standardised rows of an influence matrix (−1: noise)."""
-    rows = matrix - matrix.mean(axis=1, keepdims=True)
-    rows = rows / np.maximum(rows.std(axis=1, keepdims=True), 1e-12)
+def optics_clusters(matrix: np.ndarray, min_samples: int, xi: float, standardise: bool = True) -> np.ndarray:
+    """OPTICS labels of the rows of an influence matrix, each row standardised first unless told not to
+    (−1: noise)."""
+    rows = matrix
+    if standardise:
+        rows = matrix - matrix.mean(axis=1, keepdims=True)
+        rows = rows / np.maximum(rows.std(axis=1, keepdims=True), 1e-12)
     return OPTICS(min_samples=min(min_samples, len(rows)), xi=xi).fit(rows).labels_
 
 
@@ -134,28 +141,39 @@ class PFedLIACentralServer(ServerMethod):
         if len(scorers) < 2:
             raise RuntimeError(f"pfedlia-central: only {len(scorers)} nodes returned influence scores")
         matrix = np.array([[rows[i].get(j, 0.0) for j in names] for i in scorers])
-        labels = optics_clusters(matrix, self.options.optics_min_samples, self.options.optics_xi)
+        paper = self.options.optics == "paper"
+        labels = optics_clusters(matrix, self.options.optics_min_samples, self.options.optics_xi,
+                                 standardise=not paper)
         self.w0, self.matrix = w0, rows
         self.groups = {n: int(lab) for n, lab in zip(scorers, labels, strict=True)}
         found = sorted({g for g in self.groups.values() if g >= 0})
         self.models = {g: dict(w0) for g in found}
         for n, g in list(self.groups.items()):
             mates = [rows[n][m] for m, gm in self.groups.items() if gm == g and m != n and m in rows[n]]
-            if g >= 0 and (not mates or sum(mates) <= 0):
+            if not paper and g >= 0 and (not mates or sum(mates) <= 0):
                 self.groups[n] = -1  # its own scores disown its OPTICS cluster
         noise = sorted(n for n, g in self.groups.items() if g < 0)
         for n in noise:
-            self._place(n, rows[n])
+            if paper:
+                self._alone(n)
+            else:
+                self._place(n, rows[n])
         log.info("pfedlia-central: round %d: OPTICS found %d clusters in %d nodes; %d nodes placed by their "
                  "own scores; %d clusters in all", rnd, len(found), len(scorers), len(noise),
                  len(set(self.groups.values())))
 
+    def _alone(self, node: str) -> None:
+        """node in a cluster of its own, from w0."""
+        g = max([*self.models, -1]) + 1
+        self.models[g] = dict(self.w0 or self.ctx.initial)
+        self.groups[node] = g
+
     def _place(self, node: str, row: dict[str, float]) -> None:
         g = best_cluster(row, {n: g for n, g in self.groups.items() if n != node and g >= 0})
         if g is None:
-            g = max([*self.models, -1]) + 1  # on its own, from w0
-            self.models[g] = dict(self.w0 or self.ctx.initial)
-        self.groups[node] = g
+            self._alone(node)
+        else:
+            self.groups[node] = g
         for empty in set(self.models) - set(self.groups.values()):
             del self.models[empty]  # an OPTICS cluster all of whose members left it
 
@@ -184,3 +202,11 @@ class PFedLIACentralServer(ServerMethod):
         self.matrix = data.get("matrix", {})
         self.partials = unkeyed("partial", models)
         self.w0 = models.get("w0")
+
+
+class PFedLIACentralPaperServer(PFedLIACentralServer):
+    """pFedLIA-central with the paper's clustering rule (OPTICS on the raw matrix, noise points alone): run
+    beside pfedlia-central, it shows what the paper's method does and what our rules add."""
+
+    name = "pfedlia-central-paper"
+    options_type = PaperCentralOptions

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from p2pfed.config import ConfigError
+from p2pfed.influence.selection import SELECTION_RULES
 from p2pfed.methods.options import MethodOptions, below_rounds
 from p2pfed.scenario.config import Scenario
 
+OPTICS_RULES = ("ours", "paper")
 _PHASE = ("warmup_rounds", "lia_epochs", "lia_batch", "lia_lr")
 
 
@@ -33,21 +35,37 @@ class InfluenceOptions(MethodOptions):
 
 @dataclass(frozen=True)
 class P2POptions(InfluenceOptions):
-    """pFedLIA-p2p's: the phase's, and how much of the scores' variance a 2-means split must explain."""
+    """pFedLIA-p2p's: the phase's, the selection rule, and how much of the scores' variance a 2-means split
+    must explain under our rule."""
 
-    gap: float = 0.8  # influence/selection.py: below it, a node keeps every peer
+    gap: float = 0.8  # influence/selection.py: below it, a node keeps every peer with positive influence
+    selection: str = "ours"  # influence/selection.py: "paper" is plain 2-means, the higher group
     moved: ClassVar[dict[str, str]] = {f"pfedlia.{key}": key for key in (*_PHASE, "gap")}
 
     def validate(self, where: str) -> None:
         super().validate(where)
         if not 0 <= self.gap <= 1:
             raise ConfigError(f"{where}gap must be in [0, 1] (got {self.gap})")
+        if self.selection not in SELECTION_RULES:
+            raise ConfigError(f"{where}selection must be one of {', '.join(SELECTION_RULES)} (got "
+                              f"{self.selection!r})")
+
+
+@dataclass(frozen=True)
+class PaperP2POptions(P2POptions):
+    """pFedLIA-p2p-paper's: pFedLIA-p2p's table but the rule, which is the paper's unless told otherwise."""
+
+    selection: str = "paper"
+    moved: ClassVar[dict[str, str]] = {}
+    base: ClassVar[str] = "pfedlia-p2p"
+    own: ClassVar[frozenset[str]] = frozenset({"selection"})
 
 
 @dataclass(frozen=True)
 class CentralOptions(InfluenceOptions):
     """pFedLIA-central's: the phase's, OPTICS's own parameters and the scoring deadline."""
 
+    optics: str = "ours"  # central.py: "paper" is OPTICS on the raw matrix, noise points on their own
     optics_min_samples: int = 3
     optics_xi: float = 0.05
     lia_timeout: float = 300.0  # every node scores every partial model: longer than a round's task
@@ -62,3 +80,16 @@ class CentralOptions(InfluenceOptions):
                               f"{self.optics_min_samples}, {self.optics_xi})")
         if not self.lia_timeout > 0:
             raise ConfigError(f"{where}lia_timeout must be > 0 (got {self.lia_timeout})")
+        if self.optics not in OPTICS_RULES:
+            raise ConfigError(f"{where}optics must be one of {', '.join(OPTICS_RULES)} (got {self.optics!r})")
+
+
+@dataclass(frozen=True)
+class PaperCentralOptions(CentralOptions):
+    """pFedLIA-central-paper's: pFedLIA-central's table but the rule, which is the paper's unless told
+    otherwise."""
+
+    optics: str = "paper"
+    moved: ClassVar[dict[str, str]] = {}
+    base: ClassVar[str] = "pfedlia-central"
+    own: ClassVar[frozenset[str]] = frozenset({"optics"})

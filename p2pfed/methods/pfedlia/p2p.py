@@ -24,7 +24,7 @@ import torch
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.influence.selection import select_peers
 from p2pfed.methods.base import Method, NodeContext
-from p2pfed.methods.pfedlia.options import P2POptions
+from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class PFedLIAP2P(Method):
 
     async def choose(self, scores: dict[str, float]) -> None:
         """Select peers from scores, remember and announce the choice."""
-        chosen = select_peers(scores, self.options.gap)
+        chosen = select_peers(scores, self.options.gap, self.options.selection)
         self.chosen = set(chosen)
         self.chosen_scores = {p: scores[p] for p in chosen}
         self.node.record("choice", scores=scores, chosen=sorted(chosen))  # what the report reads
@@ -156,3 +156,11 @@ class PFedLIAP2P(Method):
         self.choosers = set(state.get("choosers", []))
         self.chosen_scores = dict(state.get("chosen_scores", {}))
 
+
+
+class PFedLIAP2PPaper(PFedLIAP2P):
+    """pFedLIA-p2p with the paper's selection rule (plain 2-means, the higher group): run beside
+    pfedlia-p2p, it shows what the paper's method does and what our rules add."""
+
+    name = "pfedlia-p2p-paper"
+    options_type = PaperP2POptions

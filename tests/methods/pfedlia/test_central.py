@@ -12,8 +12,13 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from p2pfed.methods.central import Task, Update
-from p2pfed.methods.pfedlia.central import PFedLIACentralServer, best_cluster, optics_clusters
-from p2pfed.methods.pfedlia.options import CentralOptions
+from p2pfed.methods.pfedlia.central import (
+    PFedLIACentralPaperServer,
+    PFedLIACentralServer,
+    best_cluster,
+    optics_clusters,
+)
+from p2pfed.methods.pfedlia.options import CentralOptions, PaperCentralOptions
 from tests.methods.fake import FakeCoordinator
 
 TRUE = [0] * 4 + [1] * 4 + [2] * 4
@@ -79,6 +84,48 @@ def test_a_pair_too_small_for_optics_still_ends_up_together() -> None:
     found = method.clusters()
     assert adjusted_rand_score(true, [found[f"n{i}"] for i in range(8)]) == 1.0
     assert sorted(method.models) == sorted(set(found.values()))
+
+
+def phase(rows: dict[str, dict[str, float]], method: type[PFedLIACentralServer], options: CentralOptions
+          ) -> dict[str, int]:
+    """The clusters method finds from the influence matrix rows (node -> its score of each node)."""
+
+    def answer(node: str, task: Task) -> object:
+        if task.kind == "compute":
+            return Update({"w": torch.zeros(4)}, 10, {})
+        return rows[node]
+
+    server = method(FakeCoordinator(answer), options)
+    asyncio.run(server.before_round(0, sorted(rows)))
+    assert sorted(server.models) == sorted(set(server.clusters().values()))  # one model per cluster, no more
+    return server.clusters()
+
+
+def test_the_papers_rule_leaves_noise_points_alone_where_ours_places_them() -> None:
+    true = [0, 0, 0, 1, 1, 1, 2, 2]  # the pair is smaller than min_samples: OPTICS calls it noise
+    rows = {f"n{i}": {f"n{j}": (1.5 if true[i] == true[j] else -4.0) + 0.01 * ((i * 7 + j * 3) % 5)
+                      for j in range(8)} for i in range(8)}
+    paper = phase(rows, PFedLIACentralPaperServer, PaperCentralOptions(warmup_rounds=0))
+    assert paper["n0"] == paper["n1"] == paper["n2"] != paper["n3"] == paper["n4"] == paper["n5"]
+    assert len({paper["n6"], paper["n7"], paper["n0"], paper["n3"]}) == 4  # each of the pair on its own
+    ours = phase(rows, PFedLIACentralServer, CentralOptions(warmup_rounds=0))
+    assert adjusted_rand_score(true, [ours[f"n{i}"] for i in range(8)]) == 1.0
+    # the option, not the method's name, decides: pfedlia-central told optics = "paper" does the same
+    assert phase(rows, PFedLIACentralServer, CentralOptions(warmup_rounds=0, optics="paper")) == paper
+
+
+def test_the_papers_rule_clusters_raw_rows_so_a_node_with_a_large_loss_scale_stands_apart() -> None:
+    true = [0] * 4 + [1] * 4 + [2] * 4
+    scale = [1.0] * 11 + [100.0]  # n11's validation loss is 100 times the others' (the same pattern)
+    rows = {f"n{i:02d}": {f"n{j:02d}": scale[i] * ((1.0 if true[i] == true[j] else -1.0) + 0.01 * ((i * 7 + j * 3) % 5))
+                          for j in range(12)} for i in range(12)}
+    ours = phase(rows, PFedLIACentralServer, CentralOptions(warmup_rounds=0))
+    assert adjusted_rand_score(true, [ours[n] for n in sorted(rows)]) == 1.0
+    paper = phase(rows, PFedLIACentralPaperServer, PaperCentralOptions(warmup_rounds=0))
+    assert paper["n08"] == paper["n09"] == paper["n10"] and paper["n11"] not in (paper["n00"], paper["n04"],
+                                                                                  paper["n08"])
+    matrix = np.array([[rows[a][b] for b in sorted(rows)] for a in sorted(rows)])
+    assert list(optics_clusters(matrix, 3, 0.05, standardise=False)).count(-1) == 1  # n11: noise
 
 
 def test_a_node_that_answers_the_partial_step_with_other_than_one_model_is_left_out_of_the_phase(

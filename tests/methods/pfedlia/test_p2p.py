@@ -8,8 +8,8 @@ import torch
 
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.learn.tasks import CLASSIFICATION
-from p2pfed.methods.pfedlia.options import P2POptions
-from p2pfed.methods.pfedlia.p2p import PFedLIAP2P
+from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
+from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
 
 
 class FakeNode:
@@ -105,6 +105,19 @@ async def test_warm_up_averages_with_everyone_then_the_influence_phase_chooses_t
     assert method.subscribers(3) == set()
     await method.before_round(3)  # once chosen, nothing more happens before a round
     assert len(node.sent) == 1 and len(node.announced) == 1
+
+
+async def test_the_selection_option_picks_the_rule_and_the_paper_form_takes_the_papers_by_default() -> None:
+    hurting = {"a": -0.1, "b": -0.12, "c": -5.0, "d": -5.1}  # every peer raises this node's loss
+    chosen = {}
+    for label, options in [("ours", P2POptions(warmup_rounds=0)), ("paper", P2POptions(warmup_rounds=0,
+                                                                                      selection="paper")),
+                           ("paper-form", PaperP2POptions(warmup_rounds=0))]:
+        method = ScoredPFedLIA(FakeNode("me", list(hurting), hurting, {}), options)
+        await method.before_round(0)
+        chosen[label] = method.chosen
+    assert chosen == {"ours": set(), "paper": {"a", "b"}, "paper-form": {"a", "b"}}
+    assert PFedLIAP2PPaper.options_type is PaperP2POptions and PFedLIAP2PPaper.name == "pfedlia-p2p-paper"
 
 
 async def test_only_live_chosen_peers_count_and_a_reappearing_peer_is_told_the_choice_again() -> None:
