@@ -123,11 +123,12 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if value is None:
             return None
         return _coerce(options[0], value, where)
-    if origin is list:
-        (item,) = typing.get_args(hint)
+    if origin in (list, tuple):  # a tuple field is tuple[T, ...]: a list in TOML, kept immutable
+        item = typing.get_args(hint)[0]
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list")
-        return [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table")

@@ -338,13 +338,16 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     # Many nodes share two cores: one torch thread per training call, two training calls at a time.
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
-    (out / "partition.json").write_text(json.dumps({
+    shape = {
         "nodes": [scenario.node_name(i) for i in range(scenario.nodes)],
         "true_cluster": partition.true_cluster,
         "labels": [s.labels for s in partition.shards],
         "train": [len(s.train) for s in partition.shards],
         "adversaries": {scenario.node_name(a.node): a.kind for a in scenario.adversaries},
-    }))
+    }
+    if any(s.transform != "none" for s in partition.shards):  # feature-space clusters: how each node sees
+        shape["transforms"] = [s.transform for s in partition.shards]
+    (out / "partition.json").write_text(json.dumps(shape))
     runs = {}
     for method in scenario.methods:
         loop = asyncio.new_event_loop()

@@ -4,6 +4,9 @@ the scenario derives exactly its own shard.
 Each client gets train, validation (a fraction of its training shard, 20% in paper 002) and test indices;
 its test shard follows the same label assignment as its training shard, so test accuracy is personalised.
 A partition records each client's true cluster where one exists (for ARI/NMI and the Oracle baseline).
+Label skew decides which samples a client gets; feature skew (the ``feature`` partition) also gives each
+client a transform of its inputs (learn/transforms.py), which its train, validation and test sets all go
+through, so that its test set follows its own transform.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
+from p2pfed.learn.transforms import parse
 
 
 @dataclass
@@ -22,6 +27,7 @@ class Shard:
     val: np.ndarray
     test: np.ndarray
     labels: list[int]
+    transform: str = "none"  # how the client sees its inputs (learn/transforms.py)
 
 
 @dataclass
@@ -181,6 +187,26 @@ def cluster_label_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: 
         props[np.ix_(labels, np.array(members))] = rng.dirichlet([alpha] * len(members), size=len(labels))
     train_parts, test_parts, client_labels = _spread(y_train, y_test, props, rng)
     return _finish(train_parts, test_parts, client_labels, true_cluster, val_fraction, rng)
+
+
+def feature(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, transforms: list[str], seed: int,
+            alpha: float = 0.0, val_fraction: float = 0.2) -> Partition:
+    """Feature-space clusters (paper 002's second kind of heterogeneity): len(transforms) clusters of clients
+    in contiguous blocks, cluster c seeing every input through transforms[c]. With alpha = 0 every client
+    holds an equal share of every label (the clusters differ in their inputs alone); with alpha > 0 each
+    label also spreads over the clients ~ Dir(alpha), label skew on top of the transform (the mixed form)."""
+    if alpha < 0:
+        raise ValueError("alpha must be >= 0 (0: no label skew)")
+    rng = np.random.default_rng(seed)
+    num_classes = _classes(y_train, y_test)
+    true_cluster = _blocks(n_clients, len(transforms))
+    props = (rng.dirichlet([alpha] * n_clients, size=num_classes) if alpha > 0
+             else np.full((num_classes, n_clients), 1 / n_clients))
+    train_parts, test_parts, client_labels = _spread(y_train, y_test, props, rng)
+    partition = _finish(train_parts, test_parts, client_labels, true_cluster, val_fraction, rng)
+    for shard, cluster in zip(partition.shards, true_cluster, strict=True):
+        shard.transform = transforms[cluster]
+    return partition
 
 
 def cluster_nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int, k_cluster: int,
@@ -445,8 +471,50 @@ class Missing(PartitionOptions):
         return missing(y_train, y_test, n_clients, self.classes, seed, val_fraction)
 
 
+@dataclass(frozen=True)
+class Feature(PartitionOptions):
+    """Feature-space clusters (``feature``): ``clusters`` clusters, cluster c seeing its inputs through
+    ``transforms[c]`` (by default rotations by c·360/K degrees: 0, 90, 180 and 270 for K = 4, as the
+    rotated-image settings of clustered FL), every label on every client unless ``alpha`` > 0 adds label
+    skew ~ Dir(alpha)."""
+
+    kind: ClassVar[str] = "feature"
+
+    clusters: int = 4
+    transforms: tuple[str, ...] = ()
+    alpha: float = 0.0
+
+    def cluster_transforms(self) -> list[str]:
+        """Each cluster's transform: the ones given, else K evenly spaced rotations."""
+        if self.transforms:
+            return list(self.transforms)
+        return [f"rotate:{c * 360 / self.clusters:g}" if c else "none" for c in range(self.clusters)]
+
+    def validate(self, where: str, nodes: int) -> None:
+        if not 1 <= self.clusters <= nodes:
+            raise ValueError(f"{where}clusters ({self.clusters}) must be between 1 and scenario.nodes ({nodes})")
+        if self.transforms and len(self.transforms) != self.clusters:
+            raise ValueError(f"{where}transforms must give one transform per cluster: {self.clusters} clusters, "
+                             f"{len(self.transforms)} transforms")
+        for spec in self.transforms:
+            try:
+                parse(spec)
+            except ValueError as exc:
+                raise ValueError(f"{where}transforms: {exc}") from None
+        if not self.alpha >= 0:
+            raise ValueError(f"{where}alpha must be >= 0 (0: no label skew; got {self.alpha})")
+
+    def true_clusters(self) -> int:
+        return self.clusters
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return feature(y_train, y_test, n_clients, self.cluster_transforms(), seed, self.alpha, val_fraction)
+
+
 PARTITIONS: dict[str, type[PartitionOptions]] = {p.kind: p for p in (
-    Pathological, Noisy, Dirichlet, IID, ClusterDirichlet, ClusterNClass, ClusterLabelDirichlet, Dominant, Missing)}
+    Pathological, Noisy, Dirichlet, IID, ClusterDirichlet, ClusterNClass, ClusterLabelDirichlet, Dominant, Missing,
+    Feature)}
 
 
 def make_partition(kind: str, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int, *,

@@ -18,7 +18,8 @@ import torch
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import pick_device, state_of, train_copy
+from p2pfed.learn.train import pick_device, round_seed, state_of, train_copy
+from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.node.adversary import flip_labels
 from p2pfed.report.records import append_record
@@ -44,11 +45,18 @@ class LocalData:
 
 
 def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Partition) -> LocalData:
-    """Node index's shard (training samples capped at data.max_train when set)."""
+    """Node index's shard (training samples capped at data.max_train when set), its inputs seen through the
+    shard's transform (feature-space clusters; the noise of each split seeded by the scenario and the node)."""
     shard = partition.shards[index]
     train = shard.train[: scenario.data.max_train] if scenario.data.max_train else shard.train
-    return LocalData(dataset.x_train[train], dataset.y_train[train], dataset.x_train[shard.val],
-                     dataset.y_train[shard.val], dataset.x_test[shard.test], dataset.y_test[shard.test])
+
+    def inputs(x: torch.Tensor, split: int) -> torch.Tensor:
+        if shard.transform == "none":
+            return x
+        return apply_transform(shard.transform, x, round_seed(scenario.seed, index, split))
+
+    return LocalData(inputs(dataset.x_train[train], 0), dataset.y_train[train], inputs(dataset.x_train[shard.val], 1),
+                     dataset.y_train[shard.val], inputs(dataset.x_test[shard.test], 2), dataset.y_test[shard.test])
 
 
 class LocalNode:

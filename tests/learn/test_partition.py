@@ -17,7 +17,7 @@ def all_indices(p, split: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["pathological", "noisy", "dirichlet", "iid", "cluster-dirichlet", "cluster-nclass",
-                                  "cluster-label-dirichlet", "dominant", "missing"])
+                                  "cluster-label-dirichlet", "dominant", "missing", "feature"])
 def test_deterministic_and_disjoint(kind: str) -> None:
     a = make_partition(kind, Y_TRAIN, Y_TEST, 20, seed=3)
     b = make_partition(kind, Y_TRAIN, Y_TEST, 20, seed=3)
@@ -96,6 +96,19 @@ def test_noisy_adds_one_outside_label_to_about_half() -> None:
         assert {2 * cluster, 2 * cluster + 1} <= set(shard.labels)
 
 
+def test_feature_clusters_hold_every_label_and_see_it_through_their_cluster_transform() -> None:
+    p = make_partition("feature", Y_TRAIN, Y_TEST, 8, seed=0, clusters=4)
+    assert p.true_cluster == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [s.transform for s in p.shards] == ["none"] * 2 + ["rotate:90"] * 2 + ["rotate:180"] * 2 + ["rotate:270"] * 2
+    for s in p.shards:  # no label skew: every label, in equal shares, in train and test
+        assert s.labels == list(range(10))
+        assert np.ptp(np.bincount(Y_TEST[s.test], minlength=10)) <= 1
+    mixed = make_partition("feature", Y_TRAIN, Y_TEST, 8, seed=0, clusters=2, transforms=("invert", "blur:1"),
+                           alpha=0.3)
+    assert [s.transform for s in mixed.shards] == ["invert"] * 4 + ["blur:1"] * 4
+    assert any(len(s.labels) < 10 for s in mixed.shards)  # Dir(0.3) label skew on top of the transform
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="clusters"):
         make_partition("pathological", Y_TRAIN, Y_TEST, 4, seed=0, clusters=5)
@@ -110,6 +123,21 @@ def test_bad_arguments_are_refused() -> None:
     ("dominant", {"classes": 0}, "p.classes must be >= 1 and share in (0, 1] (got 0, 0.8)"),
     ("missing", {"classes": -1}, "p.classes must be >= 0 (got -1)"),
     ("dirichlet", {"alpha": 0.0}, "p.alpha must be > 0 (got 0.0)"),
+    ("feature", {"clusters": 2, "transforms": ("none",)},
+     "p.transforms must give one transform per cluster: 2 clusters, 1 transforms"),
+    ("feature", {"clusters": 1, "transforms": ("spin:3",)},
+     "p.transforms: unknown transform step 'spin' in 'spin:3'; choose among none, rotate, invert, blur, contrast, "
+     "noise"),
+    ("feature", {"clusters": 1, "transforms": ("blur",)},
+     "p.transforms: blur in 'blur' needs a value: blur:VALUE, a sigma in (0, 10]"),
+    ("feature", {"clusters": 1, "transforms": ("invert:2",)}, "p.transforms: invert in 'invert:2' takes no value"),
+    ("feature", {"clusters": 1, "transforms": ("noise:1e9",)},
+     "p.transforms: noise in 'noise:1e9': 1e+09 is out of range: a standard deviation in [0, 10]"),
+    ("feature", {"clusters": 1, "transforms": ("rotate:nan",)},
+     "p.transforms: rotate in 'rotate:nan': nan is out of range: degrees in [-360, 360]"),
+    ("feature", {"clusters": 1, "transforms": ("rotate:x",)},
+     "p.transforms: rotate in 'rotate:x': 'x' is not a number"),
+    ("feature", {"alpha": -1.0}, "p.alpha must be >= 0 (0: no label skew; got -1.0)"),
 ])
 def test_each_partition_checks_its_own_options(kind: str, options: dict[str, float], message: str) -> None:
     from p2pfed.learn.partition import PARTITIONS
@@ -125,7 +153,7 @@ def test_a_partition_knows_its_true_number_of_clusters() -> None:
 
     assert {k: c().true_clusters() for k, c in PARTITIONS.items()} == {
         "pathological": 5, "noisy": 5, "dirichlet": 0, "iid": 1, "cluster-dirichlet": 5, "cluster-nclass": 5,
-        "cluster-label-dirichlet": 5, "dominant": 0, "missing": 0}
+        "cluster-label-dirichlet": 5, "dominant": 0, "missing": 0, "feature": 4}
     assert make_partition("iid", Y_TRAIN, Y_TEST, 6, seed=0).true_cluster == [0] * 6
 
 
