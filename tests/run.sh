@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: install what the tests need on a fresh machine, then run every check CI runs.
-#   Debian packages (as root, when missing): mosquitto for the broker tests, iproute2 for the multihost test.
+#   Debian packages (as root, when missing): mosquitto for the broker tests, iproute2 for the multihost test,
+#   the word lists of the scandinavian dataset (wnorwegian, wswedish, wdanish).
 #   Python packages: torch 2.14.1 and torchvision 0.29.1 (from this machine's disk), p2pfed and its test extras.
 # Then: ruff and mypy over p2pfed/, import-linter's layers contract, the default (fast) tests, then the multihost, broker and slow tests, with the
 # line coverage of both (node processes included) printed at the end: a figure to read, not a gate.
@@ -10,6 +11,9 @@ if [ "$(id -u)" = 0 ]; then
   need=""
   command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need="$need mosquitto"
   command -v ip >/dev/null || need="$need iproute2"
+  for list in bokmaal:wnorwegian swedish:wswedish danish:wdanish; do  # the scandinavian dataset's word lists
+    [ -f "/usr/share/dict/${list%%:*}" ] || need="$need ${list#*:}"
+  done
   if [ -n "$need" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null

@@ -50,10 +50,11 @@ def member(scenario: Scenario, method: str, name: str, role: str = "node") -> En
 
 
 def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
-    """The dataset and the partition every node derives from the scenario."""
+    """The dataset and the partition every node derives from the scenario (dealing out the samples' labels,
+    or their groups, such as a word's language)."""
     dataset = load_dataset(scenario.data.dataset, scenario.data.root or None, scenario.seed)
-    partition = scenario.data.partition.build(dataset.y_train.numpy(), dataset.y_test.numpy(), scenario.nodes,
-                                              scenario.seed, scenario.data.val_fraction)
+    partition = scenario.data.partition.build(*dataset.keys(), scenario.nodes, scenario.seed,
+                                              scenario.data.val_fraction)
     return dataset, partition
 
 
@@ -347,6 +348,8 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     }
     if any(s.transform != "none" for s in partition.shards):  # feature-space clusters: how each node sees
         shape["transforms"] = [s.transform for s in partition.shards]
+    if dataset.task.name != "classification":  # the report adds what the task calls for (perplexity)
+        shape["task"] = dataset.task.name
     (out / "partition.json").write_text(json.dumps(shape))
     runs = {}
     for method in scenario.methods:

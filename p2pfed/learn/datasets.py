@@ -1,9 +1,12 @@
-"""Datasets as in-memory tensors: images (N, C, H, W) float32 in [0, 1] normalised, labels int64.
+"""Datasets as in-memory tensors: images (N, C, H, W) float32 in [0, 1] normalised, labels int64; or, for
+next-token prediction, character sequences (N, T) int64 with their next tokens (learn/text.py).
 
 scikit-learn's bundled digits needs no download and is the embedded default. Fashion-MNIST is looked up
 in a local root first (Debian's ``dataset-fashion-mnist`` installs it under
-/usr/share/datasets/fashion-mnist), then torchvision's download. A node's own data is an .npz with x and
-y, or an ImageFolder.
+/usr/share/datasets/fashion-mnist), then torchvision's download. ``scandinavian`` is words of bokmål,
+nynorsk, Swedish and Danish from Debian's word lists (wnorwegian, wswedish, wdanish); ``words:DIR`` the
+words of each text file in DIR, a file per group. A node's own data is an .npz with x and y, or an
+ImageFolder.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from p2pfed.learn.tasks import CLASSIFICATION, LearningTask
+from p2pfed.learn.tasks import CLASSIFICATION, NEXT_TOKEN, LearningTask
+from p2pfed.learn.text import SCANDINAVIAN, load_words
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +41,24 @@ class Dataset:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
-    num_classes: int
+    num_classes: int  # classes, or the vocabulary's size for next-token prediction
     task: LearningTask = field(default=CLASSIFICATION)
+    # each sample's group (a text's language), where the partition deals groups rather than labels
+    groups_train: np.ndarray | None = None
+    groups_test: np.ndarray | None = None
+    vocabulary: str = ""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample, e.g. (1, 28, 28)."""
+        """Shape of one sample, e.g. (1, 28, 28), or (T,) for sequences."""
         return tuple(self.x_train.shape[1:])
+
+    def keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """What a partition deals out over the nodes, train and test: the labels, or the groups where the
+        samples have them (each cluster of a pathological partition then holds its own languages)."""
+        if self.groups_train is not None and self.groups_test is not None:
+            return self.groups_train, self.groups_test
+        return self.y_train.numpy(), self.y_test.numpy()
 
 
 def _normalise(x_train: torch.Tensor, x_test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +199,60 @@ def load_own(path: Path, seed: int = 0) -> Dataset:
     return Dataset(path.stem, xtr, y[perm[:cut]], xte, y[perm[cut:]], int(y.max()) + 1)
 
 
-DATASETS = ("digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10", "cifar100")
+WORDS_PER_GROUP = 6000  # words drawn from each language's list: ~1100 training words per node of 4 per language
+MAX_WORD = 16  # longer words are left out (a few percent of each list): shorter sequences, faster training
+
+
+def load_text(name: str, files: dict[str, Path], seed: int) -> Dataset:
+    """Words per group (learn/text.py), 75% of each group's for training and 25% for testing."""
+    missing = [str(f) for f in files.values() if not f.is_file()]
+    if missing:
+        hint = "apt-get install wnorwegian wswedish wdanish, or pass data.root: a folder holding them" \
+            if name == "scandinavian" else "give a folder of text files, one per group"
+        raise DatasetUnavailable(f"{name}: {', '.join(missing)} not found ({hint})")
+    try:
+        words = load_words(files, WORDS_PER_GROUP, MAX_WORD, seed)
+    except (OSError, ValueError) as exc:
+        raise DatasetUnavailable(f"{name}: {exc}") from None
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(words.groups), dtype=bool)
+    for g in range(len(words.group_names)):
+        members = np.flatnonzero(words.groups == g)
+        test[rng.choice(members, size=len(members) // 4, replace=False)] = True
+    train_idx, test_idx = np.flatnonzero(~test), np.flatnonzero(test)
+    log.info("%s: %d words of %s, a vocabulary of %d", name, len(words.groups), ", ".join(words.group_names),
+             len(words.vocabulary))
+    return Dataset(name, words.x[train_idx], words.y[train_idx], words.x[test_idx], words.y[test_idx],
+                   len(words.vocabulary), NEXT_TOKEN, words.groups[train_idx], words.groups[test_idx],
+                   words.vocabulary)
+
+
+def is_text(name: str) -> bool:
+    """Whether dataset name is text for next-token prediction (its samples are token sequences)."""
+    return name == "scandinavian" or name.startswith("words:")
+
+
+def task_of(name: str) -> str:
+    """The name of dataset name's learning task (learn/tasks.py), known without loading it."""
+    return NEXT_TOKEN.name if is_text(name) else CLASSIFICATION.name
+
+
+def text_files(name: str, root: Path | None) -> dict[str, Path]:
+    """The files of a text dataset by group: Debian's word lists (under root when given), or words:DIR's
+    text files (*.txt, else every file), sorted by name."""
+    if name == "scandinavian":
+        return {lang: (root / path.name if root else path) for lang, path in SCANDINAVIAN.items()}
+    folder = Path(name.removeprefix("words:")).expanduser()
+    if not folder.is_dir():
+        raise DatasetUnavailable(f"{name}: {folder} is not a folder (words:DIR takes a folder of text files, "
+                                 "one per group)")
+    files = sorted(folder.glob("*.txt")) or sorted(p for p in folder.iterdir() if p.is_file())
+    if len(files) < 1:
+        raise DatasetUnavailable(f"{name}: {folder} holds no text file")
+    return {f.stem: f for f in files}
+
+
+DATASETS = ("digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10", "cifar100", "scandinavian", "words:DIR")
 
 
 def load_dataset(name: str, root: str | Path | None = None, seed: int = 0) -> Dataset:
@@ -198,6 +266,8 @@ def load_dataset(name: str, root: str | Path | None = None, seed: int = 0) -> Da
         return _load_mnist_like(name, root_path)
     if name in ("cifar10", "cifar100"):
         return _load_cifar(name, root_path)
+    if is_text(name):
+        return load_text(name, text_files(name, root_path), seed)
     if name.endswith(".npz") or Path(name).is_dir():
         return load_own(Path(name), seed)
     raise DatasetUnavailable(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)} or a path")

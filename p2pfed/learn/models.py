@@ -1,4 +1,5 @@
-"""Models by name: multinomial logistic regression, a small CNN, the FedAvg CNN, ResNet-18, MobileNetV2."""
+"""Models by name: multinomial logistic regression, a small CNN, the FedAvg CNN, ResNet-18, MobileNetV2, and a
+character-level GRU language model for next-token prediction."""
 
 from __future__ import annotations
 
@@ -49,12 +50,35 @@ class FedAvgCNN(nn.Module):
         return self.head(self.features(x))
 
 
-MODELS = ("logreg", "cnn", "fedavg-cnn", "resnet18", "mobilenetv2")
+class CharGRU(nn.Module):
+    """A causal character language model: embedding, one GRU layer, a linear head giving each position's
+    next-token logits (batch, positions, vocabulary). 128 hidden units, about 69 k parameters for a
+    vocabulary of 42: on this project's 2-core CPU an epoch of 1100 words took 0.5 s, against 1.2 s with 192
+    units and 3.9 s with 256 (paper 002 fine-tunes GPT-2, which cannot be downloaded here)."""
+
+    def __init__(self, vocabulary: int, embed: int = 32, hidden: int = 128) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, embed)
+        self.rnn = nn.GRU(embed, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocabulary)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(x))
+        return self.head(out)
+
+
+MODELS = ("logreg", "cnn", "fedavg-cnn", "resnet18", "mobilenetv2", "char-gru")
+SEQUENCE_MODELS = ("char-gru",)  # take token sequences (N, T), not images
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0) -> nn.Module:
-    """Build a model by name for inputs of input_shape (C, H, W); weights are seeded."""
+    """Build a model by name for inputs of input_shape (C, H, W), or (T,) token sequences for a sequence model
+    whose num_classes is the vocabulary's size; weights are seeded."""
     torch.manual_seed(seed)
+    if name in SEQUENCE_MODELS:
+        if len(input_shape) != 1:
+            raise ValueError(f"model {name!r} takes token sequences, not inputs of shape {input_shape}")
+        return CharGRU(num_classes)
     channels, side = input_shape[0], input_shape[-1]
     if name == "logreg":
         return LogReg(int(torch.tensor(input_shape).prod()), num_classes)

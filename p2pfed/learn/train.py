@@ -78,8 +78,8 @@ def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
              batch_size: int = 1024, task: LearningTask = CLASSIFICATION) -> Evaluation:
-    """The task's mean loss and metrics (for classification: cross-entropy, accuracy and macro-F1 over the
-    labels present) of model on (x, y)."""
+    """The task's mean loss (per target: per sample, or per token of a sequence) and metrics (for
+    classification: cross-entropy, accuracy and macro-F1 over the labels present) of model on (x, y)."""
     if len(y) == 0:
         return Evaluation(float("nan"), float("nan"), float("nan"), 0)
     model.to(device).eval()
@@ -89,8 +89,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.d
         losses.append(task.loss(logits, y[start:start + batch_size].to(device), reduction="sum"))
         preds.append(task.predict(logits).cpu())
     accuracy, macro_f1 = task.metrics(torch.cat(preds).numpy(), y.numpy())
-    return Evaluation(loss=float(torch.stack(losses).sum()) / len(y), accuracy=accuracy, macro_f1=macro_f1,
-                      samples=len(y))
+    return Evaluation(loss=float(torch.stack(losses).sum()) / max(1, task.count(y)), accuracy=accuracy,
+                      macro_f1=macro_f1, samples=len(y))
 
 
 def state_of(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from p2pfed.config import ConfigError
+from p2pfed.learn.datasets import task_of
 from p2pfed.methods.base import Method, NodeContext
 from p2pfed.methods.baselines import FedAvg, Local, Oracle
 from p2pfed.methods.cam import FeSEMCAMServer, IFCACAMServer
@@ -69,8 +70,13 @@ def check_scenario(scenario: Scenario) -> None:
                 raise ConfigError(f"[methods.{name}]: {name} has no options")
         elif name not in scenario.methods:  # its values are checked, not how they fit a run it is not in
             options_of(method.options_type, scenario, name, fit=False)
+    task = task_of(scenario.data.dataset)
     for name in scenario.methods:
-        (CENTRAL.get(name) or REGISTRY[name]).options_from(scenario)  # errors name methods.NAME.KEY
+        method_class: type[Method] | type[ServerMethod] = CENTRAL.get(name) or REGISTRY[name]
+        if method_class.tasks is not None and task not in method_class.tasks:
+            raise ConfigError(f"scenario.methods: {name} runs {', '.join(sorted(method_class.tasks))} only, not the "
+                              f"{task} task of data.dataset {scenario.data.dataset!r}")
+        method_class.options_from(scenario)  # errors name methods.NAME.KEY
 
 
 def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:

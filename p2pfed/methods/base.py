@@ -81,6 +81,7 @@ class Method:
     name = "base"
     notes: ClassVar[frozenset[str]] = frozenset()  # the kinds of note this method takes from peers
     options_type: ClassVar[type[MethodOptions] | None] = None  # its own options, the [methods.NAME] table
+    tasks: ClassVar[frozenset[str] | None] = None  # the learning tasks (learn/tasks.py) it can run; None: any
 
     def __init__(self, node: NodeContext, options: Any = None) -> None:
         self.node = node

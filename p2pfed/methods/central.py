@@ -145,6 +145,7 @@ class ServerMethod:
     name = "base"
     options_type: type[MethodOptions] | None = None  # its own options, the [methods.NAME] table (methods/options.py)
     client: type[ClientMethod] | None = None  # its node side, if not the base ClientMethod
+    tasks: frozenset[str] | None = None  # the learning tasks (learn/tasks.py) it can run; None: any
 
     def __init__(self, ctx: ServerContext, options: Any) -> None:
         self.ctx = ctx

@@ -104,6 +104,7 @@ class FedDSMICServer(ServerMethod):
     """KL clustering on indicator samples, MAML centers, one-step personalisation."""
 
     name = "feddsmic"
+    tasks = frozenset({"classification"})  # the server's indicator samples are drawn per class
     options_type = FedDSMICOptions
     options: FedDSMICOptions
     client = FedDSMICClient

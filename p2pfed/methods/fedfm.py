@@ -147,6 +147,7 @@ class FedFMServer(ServerMethod):
     """FedAvg plus global anchors; the matching loss in local training from round T_s."""
 
     name = "fedfm"
+    tasks = frozenset({"classification"})  # anchors are per class
     options_type: type[FedFMOptions] = FedFMOptions
     options: FedFMOptions
     client = FedFMClient

@@ -73,6 +73,7 @@ class FedProtoServer(ServerMethod):
     """Global prototypes: the count-weighted mean of the nodes' latest prototypes per class."""
 
     name = "fedproto"
+    tasks = frozenset({"classification"})  # prototypes are per class
     options_type = FedProtoOptions
     client = FedProtoClient
 

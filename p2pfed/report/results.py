@@ -5,9 +5,11 @@ summary.json is a contract for users' scripts::
     {"methods": {"<method>": {"accuracy": float, "bottom5_accuracy": float, "macro_f1": float,
                               "ari": float | null, "bytes_sent": int, "seconds": float, ...}}}
 
-accuracy is the mean of the nodes' personalised test accuracy; bottom5_accuracy the mean over the worst
-5% of nodes (at least one); ari the adjusted Rand index between the true clusters and the discovered ones
-(connected groups of mutual choices), for methods that discover clusters.
+accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next
+character); bottom5_accuracy the mean over the worst 5% of nodes (at least one); loss the mean of the nodes'
+test loss (per token for next-token prediction, where perplexity is its exp); ari the adjusted Rand index
+between the true clusters and the discovered ones (connected groups of mutual choices), for methods that
+discover clusters.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     honest = {n: v for n, v in per_node.items() if n not in adversaries}  # an adversary's accuracy is not counted
     accs = sorted(v["accuracy"] for v in honest.values() if v and not math.isnan(v["accuracy"]))
     f1s = [v["macro_f1"] for v in honest.values() if v and not math.isnan(v["macro_f1"])]
+    losses = [v["loss"] for v in honest.values() if v and not math.isnan(v.get("loss", math.nan))]
+    loss = float(np.mean(losses)) if losses else None
     k = max(1, math.ceil(0.05 * len(accs)))
     choices = {r["node"]: r["chosen"] for r in records if r["event"] in CHOICE}
     ari = nmi = None
@@ -69,6 +73,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "accuracy": float(np.mean(accs)) if accs else None,
         "bottom5_accuracy": float(np.mean(accs[:k])) if accs else None,
         "macro_f1": float(np.mean(f1s)) if f1s else None,
+        "loss": loss,
+        "perplexity": math.exp(loss) if loss is not None and partition.get("task") == "next-token" else None,
         "ari": ari,
         "nmi": nmi,
         "bytes_sent": bytes_sent,
@@ -125,13 +131,18 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
     def pct(v: float | None) -> str:
         return "–" if v is None else f"{100 * v:.2f}"
 
+    text = any(m.get("perplexity") is not None for m in summary["methods"].values())
     rows = []
     for name, m in sorted(summary["methods"].items(), key=lambda kv: -(kv[1]["accuracy"] or 0)):
-        rows.append([name, pct(m["accuracy"]), pct(m["bottom5_accuracy"]), pct(m["macro_f1"]),
-                     "–" if m["ari"] is None else f"{m['ari']:.3f}", f"{m['bytes_sent'] / 1e6:.1f}",
+        row = [name, pct(m["accuracy"]), pct(m["bottom5_accuracy"]), pct(m["macro_f1"])]
+        if text:  # next-token prediction: the loss per token and its perplexity say more than accuracy
+            loss, ppl = m.get("loss"), m.get("perplexity")
+            row += ["–" if loss is None else f"{loss:.3f}", "–" if ppl is None else f"{ppl:.2f}"]
+        rows.append([*row, "–" if m["ari"] is None else f"{m['ari']:.3f}", f"{m['bytes_sent'] / 1e6:.1f}",
                      f"{m['seconds']:.0f}", f"{m['nodes_finished']}/{m['nodes']}"
                      + (f" ({m['rounds_skipped']} rounds skipped)" if m.get("rounds_skipped") else "")])
-    headers = ["method", "accuracy %", "bottom-5% acc %", "macro-F1 %", "ARI", "MB sent", "seconds", "finished"]
+    headers = ["method", "accuracy %", "bottom-5% acc %", "macro-F1 %", *(["test loss", "perplexity"] if text else []),
+               "ARI", "MB sent", "seconds", "finished"]
     return tabulate(rows, headers=headers, tablefmt=fmt)
 
 
@@ -154,6 +165,7 @@ def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> N
 
     matplotlib.use("Agg")
     plot_accuracy(run_dir, methods)
+    plot_loss(run_dir, methods)
     for m in methods:
         rows = score_rows(read_records(m))
         if rows:
@@ -163,25 +175,35 @@ def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> N
 
 def plot_accuracy(run_dir: Path, methods: list[Path]) -> None:
     """accuracy.png: the mean personalised test accuracy per round of each method."""
+    _plot_per_round(run_dir, methods, "accuracy", 100, "mean personalised test accuracy (%)")
+
+
+def plot_loss(run_dir: Path, methods: list[Path]) -> None:
+    """loss.png: the mean personalised test loss per round of each method (paper 002's Fig. 1 shows it)."""
+    _plot_per_round(run_dir, methods, "loss", 1, "mean personalised test loss")
+
+
+def _plot_per_round(run_dir: Path, methods: list[Path], key: str, scale: float, label: str) -> None:
+    """KEY.png: the nodes' mean of a round record's key per round, one line per method."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for m in methods:
         by_round: dict[int, list[float]] = {}
         for r in read_records(m):
-            if r["event"] == "round" and "accuracy" in r and not math.isnan(r["accuracy"]):
-                by_round.setdefault(r["round"], []).append(r["accuracy"])
+            if r["event"] == "round" and key in r and not math.isnan(r[key]):
+                by_round.setdefault(r["round"], []).append(r[key])
         if by_round:
             xs = sorted(by_round)
-            ax.plot(xs, [100 * np.mean(by_round[x]) for x in xs], label=m.name, marker="o", markersize=2)
+            ax.plot(xs, [scale * np.mean(by_round[x]) for x in xs], label=m.name, marker="o", markersize=2)
     ax.set_xlabel("round")
-    ax.set_ylabel("mean personalised test accuracy (%)")
-    ax.set_title(f"{run_dir.name}: accuracy per round")
+    ax.set_ylabel(label)
+    ax.set_title(f"{run_dir.name}: {key} per round")
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(run_dir / "accuracy.png", dpi=120)
+    fig.savefig(run_dir / f"{key}.png", dpi=120)
     plt.close(fig)
 
 

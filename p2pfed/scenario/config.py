@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from p2pfed.config import ConfigError, MeshConfig, fill, read_toml
-from p2pfed.learn.datasets import DATASETS
-from p2pfed.learn.models import MODELS
+from p2pfed.learn.datasets import DATASETS, is_text
+from p2pfed.learn.models import MODELS, SEQUENCE_MODELS
 from p2pfed.learn.partition import PARTITIONS, PartitionOptions, Pathological
 from p2pfed.wire.messages import clip, is_name
 
@@ -137,9 +137,13 @@ class Scenario:
              f"the mesh; got {self.name!r})"),
             (self.nodes >= 2, "scenario.nodes must be at least 2"),
             (self.rounds >= 1, "scenario.rounds must be at least 1"),
-            (self.data.dataset in DATASETS or self.data.dataset.endswith(".npz") or Path(self.data.dataset).is_dir(),
-             f"data.dataset must be one of {', '.join(DATASETS)} or a path"),
+            (self.data.dataset in DATASETS or is_text(self.data.dataset) or self.data.dataset.endswith(".npz")
+             or Path(self.data.dataset).is_dir(), f"data.dataset must be one of {', '.join(DATASETS)} or a path"),
             (self.train.model in MODELS, f"train.model must be one of {', '.join(MODELS)}"),
+            (is_text(self.data.dataset) == (self.train.model in SEQUENCE_MODELS),
+             f"train.model {self.train.model!r} cannot read {self.data.dataset!r}: "
+             + (f"text takes a sequence model ({', '.join(SEQUENCE_MODELS)})" if is_text(self.data.dataset)
+                else f"{', '.join(SEQUENCE_MODELS)} takes text (scandinavian, words:DIR)")),
             (0 < self.train.participation <= 1, "train.participation must be in (0, 1]"),
             (self.train.eval_every >= 1, "train.eval_every must be at least 1"),
             (0 <= self.data.val_fraction < 1, "data.val_fraction must be in [0, 1)"),

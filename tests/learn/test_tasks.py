@@ -49,7 +49,7 @@ def test_classification_is_cross_entropy_arg_max_accuracy_and_macro_f1_over_the_
     accuracy, f1 = CLASSIFICATION.metrics(predicted.numpy(), target.numpy())
     assert accuracy == 0.75
     assert math.isclose(f1, (1.0 + 2 / 3) / 2)  # labels 0 and 1 only: class 2 is absent from the target
-    assert TASKS == {"classification": CLASSIFICATION} and load_digits().task is CLASSIFICATION
+    assert TASKS["classification"] is CLASSIFICATION and load_digits().task is CLASSIFICATION
 
 
 def test_training_and_evaluation_go_through_the_task_they_are_given() -> None:

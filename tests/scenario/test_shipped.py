@@ -11,7 +11,9 @@ import pytest
 from p2pfed.methods import load_checked
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "scenarios").glob("*.toml"))
-SIZES = {"digits": (1347, 450), "fmnist": (60000, 10000), "cifar10": (50000, 10000)}  # train, test
+# train, test, and what the partition deals out: 10 labels, or the 4 languages of the scandinavian words
+SIZES = {"digits": (1347, 450, 10), "fmnist": (60000, 10000, 10), "cifar10": (50000, 10000, 10),
+         "scandinavian": (18000, 6000, 4)}
 
 
 def test_the_scenarios_folder_is_found() -> None:
@@ -21,9 +23,9 @@ def test_the_scenarios_folder_is_found() -> None:
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_shipped_scenario_partitions_give_every_node_data(path: Path) -> None:
     s = load_checked(path)
-    n_train, n_test = SIZES[s.data.dataset]
+    n_train, n_test, keys = SIZES[s.data.dataset]
     # Balanced labels of the dataset's size stand in for the real ones (the partitions only read labels).
-    y_train, y_test = np.arange(n_train) % 10, np.arange(n_test) % 10
+    y_train, y_test = np.arange(n_train) % keys, np.arange(n_test) % keys
     part = s.data.partition.build(y_train, y_test, s.nodes, s.seed, s.data.val_fraction)
     assert len(part.shards) == s.nodes
     empty = [i for i, sh in enumerate(part.shards) if len(sh.train) == 0 or len(sh.test) == 0]

@@ -1,0 +1,100 @@
+"""Text for next-token prediction: words of several languages (or any groups of text files) as character
+sequences, each sample tagged with its group, so that a partition can give each node the words of one
+language (paper 002's motivating experiment: Norwegian, Swedish and Danish; here from the word lists Debian
+ships offline, as no corpus or hub download is possible).
+
+A word becomes a sample: x = BOS c1 … cn, y = c1 … cn EOS, both padded to the longest word allowed (y's
+padding is tasks.PAD, left out of loss and metrics). Characters are lowercased; the vocabulary is every
+character of every group, sorted, so every node derives the same one.
+
+The word lists come in mixed encodings (Debian's bokmål, nynorsk and Swedish lists are ISO-8859-1, the
+Danish one UTF-8). A file is read as UTF-8 when it is valid UTF-8, else as ISO-8859-1: ISO-8859-1 text with
+any letter beyond ASCII (æ, ø, å, ä, ö) is never valid UTF-8, and a wrong guess would drop or garble exactly
+the letters that tell the languages apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from p2pfed.learn.tasks import PAD
+
+DICT = Path("/usr/share/dict")
+# Debian's word lists (packages wnorwegian, wswedish, wdanish): the languages of the scandinavian dataset.
+SCANDINAVIAN = {"bokmaal": DICT / "bokmaal", "nynorsk": DICT / "nynorsk", "swedish": DICT / "swedish",
+                "danish": DICT / "danish"}
+BOS, EOS = "\x02", "\x03"  # the start and end tokens, characters no word holds
+MAX_FILE_BYTES = 64 << 20  # a word list of 64 MB is far beyond any language's; larger is a wrong path
+
+
+@dataclass
+class Words:
+    """Words per group, encoded: x and y (N, max_len + 1) int64, groups (N,), the vocabulary in order."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    groups: np.ndarray
+    vocabulary: str
+    group_names: list[str]
+
+
+def read_text(path: Path) -> str:
+    """A text file's contents, UTF-8 when it is valid UTF-8, else ISO-8859-1 (see the module's docstring)."""
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ValueError(f"{path}: {size >> 20} MB is more text than a word list holds (at most "
+                         f"{MAX_FILE_BYTES >> 20} MB)")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("iso-8859-1")
+
+
+def words_of(text: str, max_len: int) -> list[str]:
+    """The distinct lowercased words of a text (whitespace-separated; a word list has one per line), in order
+    of first appearance, without those longer than max_len or holding a control character."""
+    seen: dict[str, None] = {}
+    for word in text.lower().split():
+        if len(word) <= max_len and word.isprintable() and word not in seen:
+            seen[word] = None
+    return list(seen)
+
+
+def load_words(files: dict[str, Path], per_group: int, max_len: int, seed: int) -> Words:
+    """per_group words drawn from each group's file (deterministically from seed), encoded."""
+    chosen: dict[str, list[str]] = {}
+    for name, path in files.items():
+        words = words_of(read_text(path), max_len)
+        if len(words) < 2:
+            raise ValueError(f"{path}: {len(words)} usable words (need at least 2 of at most {max_len} letters)")
+        rng = np.random.default_rng([seed, len(chosen)])
+        picks = rng.choice(len(words), size=min(per_group, len(words)), replace=False)
+        chosen[name] = [words[i] for i in np.sort(picks)]
+    vocabulary = BOS + EOS + "".join(sorted({c for ws in chosen.values() for w in ws for c in w}))
+    index = {c: i for i, c in enumerate(vocabulary)}
+    width = max_len + 1
+    xs, ys, groups = [], [], []
+    for g, words in enumerate(chosen.values()):
+        for w in words:
+            tokens = [index[BOS], *(index[c] for c in w), index[EOS]]
+            xs.append(tokens[:-1] + [index[EOS]] * (width - len(tokens) + 1))  # inputs past the end: never scored
+            ys.append(tokens[1:] + [PAD] * (width - len(tokens) + 1))
+            groups.append(g)
+    return Words(torch.tensor(xs, dtype=torch.int64), torch.tensor(ys, dtype=torch.int64),
+                 np.array(groups, dtype=np.int64), vocabulary, list(chosen))
+
+
+def decode(tokens: torch.Tensor, vocabulary: str) -> str:
+    """The characters of a token sequence, up to its end token (for reading samples and predictions)."""
+    out = []
+    for t in tokens.tolist():
+        if not 0 <= t < len(vocabulary) or vocabulary[t] == EOS:
+            break
+        if vocabulary[t] != BOS:
+            out.append(vocabulary[t])
+    return "".join(out)

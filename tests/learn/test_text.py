@@ -1,0 +1,106 @@
+"""Text for next-token prediction: word lists read in their own encoding, words encoded as character
+sequences with their next characters, the next-token task scoring real positions only, and text datasets
+that refuse a model that cannot read them."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from p2pfed.config import ConfigError
+from p2pfed.learn.datasets import DatasetUnavailable, load_dataset
+from p2pfed.learn.models import build_model
+from p2pfed.learn.tasks import NEXT_TOKEN, PAD, TASKS
+from p2pfed.learn.text import BOS, EOS, decode, load_words, read_text, words_of
+from p2pfed.learn.train import evaluate
+from p2pfed.scenario.config import load_scenario
+
+
+def test_a_word_list_is_read_as_utf8_when_it_is_and_as_iso_8859_1_otherwise(tmp_path: Path) -> None:
+    (tmp_path / "latin1").write_bytes("blåbærsyltetøy\nsmørbrød\n".encode("iso-8859-1"))
+    (tmp_path / "utf8").write_bytes("blåbærsyltetøy\nsmørbrød\n".encode())
+    assert read_text(tmp_path / "latin1") == read_text(tmp_path / "utf8") == "blåbærsyltetøy\nsmørbrød\n"
+
+
+def test_words_are_lowercased_distinct_and_short_enough() -> None:
+    assert words_of("Hus hus\nHUSET båt\nkjempelangtord\x07 x", 6) == ["hus", "huset", "båt", "x"]
+
+
+def test_a_word_is_its_characters_after_a_start_token_and_their_next_ones_then_the_end(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("ab ba abba\n")
+    (tmp_path / "b.txt").write_text("øy ø\n")
+    words = load_words({"a": tmp_path / "a.txt", "b": tmp_path / "b.txt"}, per_group=10, max_len=4, seed=0)
+    assert words.vocabulary == BOS + EOS + "abyø" and words.group_names == ["a", "b"]
+    assert words.groups.tolist() == [0, 0, 0, 1, 1] and words.x.shape == words.y.shape == (5, 5)
+    v = {c: i for i, c in enumerate(words.vocabulary)}
+    assert words.x[0].tolist() == [v[BOS], v["a"], v["b"], v[EOS], v[EOS]]
+    assert words.y[0].tolist() == [v["a"], v["b"], v[EOS], PAD, PAD]
+    assert [decode(x, words.vocabulary) for x in words.x] == ["ab", "ba", "abba", "øy", "ø"]
+    again = load_words({"a": tmp_path / "a.txt", "b": tmp_path / "b.txt"}, per_group=2, max_len=4, seed=0)
+    assert torch.equal(again.x, load_words({"a": tmp_path / "a.txt", "b": tmp_path / "b.txt"}, per_group=2,
+                                           max_len=4, seed=0).x)  # the same draw on every machine
+    assert again.groups.tolist() == [0, 0, 1, 1]
+
+
+def test_next_token_loss_and_metrics_leave_the_padding_out() -> None:
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([[1, 2, PAD], [3, PAD, PAD]])
+    real = logits[[0, 0, 1], [0, 1, 0]]
+    assert torch.allclose(NEXT_TOKEN.loss(logits, target), F.cross_entropy(real, torch.tensor([1, 2, 3])))
+    assert NEXT_TOKEN.count(target) == 3 and TASKS["next-token"] is NEXT_TOKEN
+    predicted = np.array([[1, 0, 4], [3, 4, 4]])  # right at 2 of the 3 real positions; the padding is ignored
+    accuracy, _ = NEXT_TOKEN.metrics(predicted, target.numpy())
+    assert accuracy == pytest.approx(2 / 3)
+    assert all(math.isnan(v) for v in NEXT_TOKEN.metrics(predicted, np.full((2, 3), PAD)))
+
+
+def test_evaluation_of_a_language_model_is_the_mean_loss_per_token(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("abc abcabc ab cab\n")
+    data = load_dataset(f"words:{tmp_path}")
+    assert data.task is NEXT_TOKEN and data.input_shape == (17,) and data.groups_train is not None
+    model = build_model("char-gru", data.input_shape, data.num_classes, seed=0)
+    x, y = torch.cat([data.x_train, data.x_test]), torch.cat([data.y_train, data.y_test])
+    ev = evaluate(model, x, y, torch.device("cpu"), task=NEXT_TOKEN)
+    with torch.no_grad():
+        assert ev.loss == pytest.approx(float(NEXT_TOKEN.loss(model(x), y)), rel=1e-5)
+    assert ev.loss == pytest.approx(math.log(data.num_classes), rel=0.1)  # untrained: about uniform
+
+
+def test_a_missing_word_list_says_how_to_get_it(tmp_path: Path) -> None:
+    with pytest.raises(DatasetUnavailable, match="apt-get install wnorwegian wswedish wdanish"):
+        load_dataset("scandinavian", root=tmp_path)
+    with pytest.raises(DatasetUnavailable, match="is not a folder"):
+        load_dataset(f"words:{tmp_path / 'nowhere'}")
+
+
+@pytest.mark.parametrize(("dataset", "model", "message"), [
+    ("scandinavian", "cnn", "train.model 'cnn' cannot read 'scandinavian': text takes a sequence model (char-gru)"),
+    ("digits", "char-gru", "train.model 'char-gru' cannot read 'digits': char-gru takes text"),
+])
+def test_a_model_that_cannot_read_the_dataset_is_refused(tmp_path: Path, dataset: str, model: str,
+                                                         message: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(f'[scenario]\nmethods = ["local-p2p"]\n[data]\ndataset = "{dataset}"\n[train]\nmodel = "{model}"\n')
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_scenario(path)
+
+
+def test_a_method_built_on_class_tables_refuses_text_and_the_others_take_it(tmp_path: Path) -> None:
+    from p2pfed.methods import load_checked
+
+    path = tmp_path / "s.toml"
+    path.write_text('[scenario]\nnodes = 4\nrounds = 3\nmethods = ["fedproto"]\n[data]\ndataset = "scandinavian"\n'
+                    '[data.partition]\nclusters = 2\n[train]\nmodel = "char-gru"\n')
+    with pytest.raises(ConfigError, match="scenario.methods: fedproto runs classification only, not the next-token "
+                                          "task of data.dataset 'scandinavian'"):
+        load_checked(path)
+    for method in ("feddsmic", "fedfm-lite"):
+        with pytest.raises(ConfigError, match=f"{method} runs classification only"):
+            load_checked(path, [f"scenario.methods=['{method}']"])
+    assert load_checked(path, ["scenario.methods=['pfedlia-central', 'fedavg-p2p', 'ifca']",
+                               "methods.pfedlia-central.warmup_rounds=1"]).methods
