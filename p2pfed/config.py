@@ -124,7 +124,9 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
             return None
         return _coerce(options[0], value, where)
     if origin in (list, tuple):  # a tuple field is tuple[T, ...]: a list in TOML, kept immutable
-        item = typing.get_args(hint)[0]
+        args = typing.get_args(hint)
+        assert origin is list or args[1:] == (Ellipsis,), f"{where}: only tuple[T, ...] fields can be filled"
+        item = args[0]
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list")
         items = [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]

@@ -246,7 +246,8 @@ def text_files(name: str, root: Path | None) -> dict[str, Path]:
     if not folder.is_dir():
         raise DatasetUnavailable(f"{name}: {folder} is not a folder (words:DIR takes a folder of text files, "
                                  "one per group)")
-    files = sorted(folder.glob("*.txt")) or sorted(p for p in folder.iterdir() if p.is_file())
+    files = sorted(folder.glob("*.txt")) or sorted(
+        p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))  # not .DS_Store and the like
     if len(files) < 1:
         raise DatasetUnavailable(f"{name}: {folder} holds no text file")
     return {f.stem: f for f in files}

@@ -285,6 +285,7 @@ class PartitionOptions:
     rest are its options): filled, checked (``validate``) and built into shards (``build``)."""
 
     kind: ClassVar[str] = ""
+    transforms_inputs: ClassVar[bool] = False  # whether it gives nodes transforms of image inputs
 
     def validate(self, where: str, nodes: int) -> None:
         """Raise ValueError naming where + the key of a value that cannot work for this many nodes."""
@@ -479,6 +480,7 @@ class Feature(PartitionOptions):
     skew ~ Dir(alpha)."""
 
     kind: ClassVar[str] = "feature"
+    transforms_inputs: ClassVar[bool] = True
 
     clusters: int = 4
     transforms: tuple[str, ...] = ()

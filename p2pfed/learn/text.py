@@ -70,8 +70,8 @@ def load_words(files: dict[str, Path], per_group: int, max_len: int, seed: int) 
     chosen: dict[str, list[str]] = {}
     for name, path in files.items():
         words = words_of(read_text(path), max_len)
-        if len(words) < 2:
-            raise ValueError(f"{path}: {len(words)} usable words (need at least 2 of at most {max_len} letters)")
+        if len(words) < 4:  # a quarter of a group's words are its test words: at least one
+            raise ValueError(f"{path}: {len(words)} usable words (need at least 4 of at most {max_len} letters)")
         rng = np.random.default_rng([seed, len(chosen)])
         picks = rng.choice(len(words), size=min(per_group, len(words)), replace=False)
         chosen[name] = [words[i] for i in np.sort(picks)]

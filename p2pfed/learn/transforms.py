@@ -9,7 +9,8 @@ inputs as they are. Steps work on the dataset's normalised tensors (N, C, H, W),
 unit variance over the training split:
 
 - ``rotate:DEG``: rotation by DEG degrees counter-clockwise; multiples of 90 exactly (torch.rot90), other
-  angles bilinear, with the corners filled by the batch's minimum (the background of digit-like images).
+  angles bilinear, with the corners filled by each channel's minimum over the split (the background of
+  digit-like images); a quarter turn needs square images.
 - ``invert``: x → −x, a photographic negative about the data's mean.
 - ``blur:SIGMA``: Gaussian blur, kernel 2·⌈2σ⌉+1 wide (at most the image's side, odd).
 - ``contrast:F``: x → F·x, contrast scaled about the mean (F < 1 flattens, F > 1 sharpens).
@@ -39,10 +40,13 @@ class Step:
 def _rotate(x: torch.Tensor, degrees: float, _gen: torch.Generator) -> torch.Tensor:
     quarter = degrees / 90
     if quarter == round(quarter):
+        if round(quarter) % 2 and x.shape[-2] != x.shape[-1]:
+            raise ValueError(f"a quarter turn of {x.shape[-2]}x{x.shape[-1]} images changes their shape: rotate "
+                             "square images only, or by a half turn")
         return torch.rot90(x, round(quarter) % 4, dims=(-2, -1))
     from torchvision.transforms.functional import InterpolationMode, rotate
 
-    fill = [float(x.min())] * x.shape[1]
+    fill = x.amin(dim=(0, 2, 3)).tolist()  # each channel's background: its darkest value
     return rotate(x, degrees, interpolation=InterpolationMode.BILINEAR, fill=fill)
 
 
@@ -99,6 +103,8 @@ def apply(spec: str, x: torch.Tensor, seed: int) -> torch.Tensor:
     """x (N, C, H, W) seen through the transform spec; random steps (noise) drawn from seed."""
     if x.dim() != 4:
         raise ValueError(f"transforms work on images (N, C, H, W); these inputs have shape {tuple(x.shape)}")
+    if x.numel() == 0:  # an empty split (no validation samples, or a shard label skew left empty)
+        return x
     gen = torch.Generator().manual_seed(seed)
     for step in parse(spec):
         x = STEPS[step.name][0](x, step.value, gen)

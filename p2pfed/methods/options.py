@@ -46,7 +46,10 @@ def options_of(options_type: type[OptionsT], scenario: Scenario, name: str, fit:
         inherited = {key: value for key, value in scenario.method_tables.get(options_type.base, {}).items()
                      if key not in options_type.own}
         base_where = f"methods.{options_type.base}."
-        fill(options_type, inherited, base_where).validate(base_where)  # an error names where the value is
+        taken = fill(options_type, inherited, base_where)  # an error names the table the value is written in
+        taken.validate(base_where)
+        if fit:
+            taken.within(scenario, base_where)
         table = {**inherited, **table}
     options = fill(options_type, table, where)
     options.validate(where)

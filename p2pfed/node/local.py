@@ -53,7 +53,8 @@ def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Part
     def inputs(x: torch.Tensor, split: int) -> torch.Tensor:
         if shard.transform == "none":
             return x
-        return apply_transform(shard.transform, x, round_seed(scenario.seed, index, split))
+        # a seed of its own (round_seed(seed, index, r) seeds the node's training in round r)
+        return apply_transform(shard.transform, x, round_seed(scenario.seed, index, -1 - split))
 
     return LocalData(inputs(dataset.x_train[train], 0), dataset.y_train[train], inputs(dataset.x_train[shard.val], 1),
                      dataset.y_train[shard.val], inputs(dataset.x_test[shard.test], 2), dataset.y_test[shard.test])

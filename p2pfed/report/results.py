@@ -159,7 +159,7 @@ def report_run(run_dir: Path) -> str:
 
 
 def plot_run(run_dir: Path, partition: dict[str, Any], methods: list[Path]) -> None:
-    """accuracy.png (per round per method), clusters.png (cluster sizes per round of the coordinated
+    """accuracy.png and loss.png (per round per method), clusters.png (cluster sizes per round of the coordinated
     methods that group nodes), and per method whose nodes score each other the scores and peers heatmaps."""
     import matplotlib
 

@@ -127,6 +127,9 @@ class Scenario:
             self.data.partition.validate(f"{where}data.partition.", self.nodes)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if self.data.partition.transforms_inputs and is_text(self.data.dataset):
+            raise ConfigError(f"{where}data.partition.kind: the {self.data.partition.kind} partition transforms "
+                              f"images; {self.data.dataset!r} is text")
         self._check_scripted(where)
         self.mesh.validate(f"{where}mesh.")
 
@@ -164,6 +167,9 @@ class Scenario:
         for i, adv in enumerate(self.adversaries):
             if adv.kind not in ADVERSARIES:
                 raise ConfigError(f"{where}adversaries[{i}].kind must be one of {', '.join(ADVERSARIES)}")
+            if adv.kind == "label-flip" and is_text(self.data.dataset):
+                raise ConfigError(f"{where}adversaries[{i}].kind: label-flip flips class labels, and the next-token "
+                                  f"task of {self.data.dataset!r} has none (noise-model and free-rider work)")
             if not 0 <= adv.node < self.nodes:
                 raise ConfigError(f"{where}adversaries[{i}].node {adv.node} is outside the scenario")
         if len({a.node for a in self.adversaries}) < len(self.adversaries):

@@ -14,6 +14,7 @@ from p2pfed.learn.transforms import Step, apply, parse
 from p2pfed.node.local import local_data
 from p2pfed.scenario.config import load_scenario
 
+NOISE_7 = [-0.4101, 0.1978, 0.4495, -0.6942]  # the first row of noise:0.5 drawn with seed 7
 X = torch.arange(2 * 1 * 4 * 4, dtype=torch.float32).reshape(2, 1, 4, 4) / 31 - 0.5
 
 
@@ -38,10 +39,19 @@ def test_invert_contrast_blur_and_noise() -> None:
     blurred = apply("blur:1.0", X, 0)
     assert blurred.std() < X.std() and blurred.shape == X.shape
     noisy = apply("noise:0.5", X, 7)
-    assert torch.equal(noisy, apply("noise:0.5", X, 7)) and not torch.equal(noisy, apply("noise:0.5", X, 8))
+    assert not torch.equal(noisy, apply("noise:0.5", X, 8))
+    # torch's seeded CPU generator: the same noise on every machine (pinned, not compared with itself)
+    assert [round(v, 4) for v in (noisy - X)[0, 0, 0].tolist()] == NOISE_7
     assert 0.2 < float((noisy - X).std()) < 0.8
     with pytest.raises(ValueError, match=r"transforms work on images \(N, C, H, W\); these inputs have shape \(3, 4\)"):
         apply("invert", torch.zeros(3, 4), 0)
+
+
+def test_empty_splits_pass_and_a_quarter_turn_of_a_non_square_image_is_refused() -> None:
+    assert apply("rotate:30+noise:0.1", torch.zeros(0, 1, 4, 4), 0).shape == (0, 1, 4, 4)
+    with pytest.raises(ValueError, match="a quarter turn of 4x6 images changes their shape"):
+        apply("rotate:90", torch.zeros(1, 1, 4, 6), 0)
+    assert apply("rotate:180", torch.zeros(1, 1, 4, 6), 0).shape == (1, 1, 4, 6)
 
 
 def test_a_transform_is_parsed_into_its_steps_and_bad_ones_are_refused() -> None:

@@ -123,6 +123,9 @@ def test_a_paper_form_takes_its_base_methods_table_but_the_rule(tmp_path: Path) 
         load_checked(path, ["methods.pfedlia-p2p.lia_batch=0"])
     with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p-paper\.selection must be one of ours, paper"):
         load_checked(path, ["methods.pfedlia-p2p-paper.selection=best"])
+    # ... also when the value does not fit the run, and the base method does not run
+    with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p\.warmup_rounds \(5\) must be in \[0, scenario"):
+        load_checked(path, ["methods.pfedlia-p2p.warmup_rounds=5", "scenario.methods=['pfedlia-p2p-paper']"])
 
 
 def options_of(method: str, scenario: Scenario) -> object:

@@ -7,7 +7,8 @@ method) and sends it back; the center sends every node all partial models, and e
 lazy influence of each on its own validation split: row i of the matrix is node i's view of everyone.
 
 Two clustering rules, ``[methods.pfedlia-central] optics``. ``"paper"`` is the paper's: OPTICS on the raw
-matrix, and each noise point (OPTICS label −1) a cluster of its own. ``"ours"`` (the default) adds what follows,
+matrix. The paper says nothing of OPTICS's noise points (label −1); this rule reads it literally, as OPTICS
+leaves them: each a cluster of its own. ``"ours"`` (the default) adds what follows,
 where the paper is silent about the scale of rows and about noise points:
 - OPTICS clusters the rows after standardising each (zero mean, unit variance): nodes differ in the scale
   of their validation loss, and the pattern of whom a node gains from is what identifies its cluster.
