@@ -107,12 +107,19 @@ def test_a_model_that_cannot_read_the_dataset_is_refused(tmp_path: Path, dataset
         load_scenario(path)
 
 
+def text_scenario(tmp_path: Path, methods: str = '["local-p2p"]', scenario: str = "",
+                  partition: str = "clusters = 2") -> Path:
+    """A scenario file of 4 nodes on the scandinavian words with the char GRU."""
+    path = tmp_path / "s.toml"
+    path.write_text(f"[scenario]\nnodes = 4\nrounds = 3\nmethods = {methods}\n{scenario}[data]\n"
+                    f'dataset = "scandinavian"\n[data.partition]\n{partition}\n[train]\nmodel = "char-gru"\n')
+    return path
+
+
 def test_a_method_built_on_class_tables_refuses_text_and_the_others_take_it(tmp_path: Path) -> None:
     from p2pfed.methods import load_checked
 
-    path = tmp_path / "s.toml"
-    path.write_text('[scenario]\nnodes = 4\nrounds = 3\nmethods = ["fedproto"]\n[data]\ndataset = "scandinavian"\n'
-                    '[data.partition]\nclusters = 2\n[train]\nmodel = "char-gru"\n')
+    path = text_scenario(tmp_path, methods='["fedproto"]')
     with pytest.raises(ConfigError, match=re.escape("scenario.methods: fedproto runs classification only, not the "
                                                     "next-token task of data.dataset 'scandinavian'")):
         load_checked(path)
@@ -124,14 +131,9 @@ def test_a_method_built_on_class_tables_refuses_text_and_the_others_take_it(tmp_
 
 
 def test_text_takes_no_image_transform_and_no_label_flip(tmp_path: Path) -> None:
-    path = tmp_path / "s.toml"
-    path.write_text('[scenario]\nnodes = 4\nmethods = ["local-p2p"]\n[data]\ndataset = "scandinavian"\n'
-                    '[data.partition]\nkind = "feature"\nclusters = 2\n[train]\nmodel = "char-gru"\n')
     with pytest.raises(ConfigError, match=re.escape("data.partition.kind: the feature partition transforms images; "
                                                     "'scandinavian' is text")):
-        load_scenario(path)
-    path.write_text('[scenario]\nnodes = 4\nmethods = ["local-p2p"]\n[[scenario.adversaries]]\nnode = 1\n'
-                    'kind = "label-flip"\n[data]\ndataset = "scandinavian"\n[data.partition]\nclusters = 2\n'
-                    '[train]\nmodel = "char-gru"\n')
+        load_scenario(text_scenario(tmp_path, partition='kind = "feature"\nclusters = 2'))
+    flipper = '[[scenario.adversaries]]\nnode = 1\nkind = "label-flip"\n'
     with pytest.raises(ConfigError, match=r"adversaries\[0\].kind: label-flip flips class labels"):
-        load_scenario(path)
+        load_scenario(text_scenario(tmp_path, scenario=flipper))
