@@ -473,7 +473,7 @@ class Missing(PartitionOptions):
 
 
 @dataclass(frozen=True)
-class Feature(PartitionOptions):
+class Feature(Clustered):
     """Feature-space clusters (``feature``): ``clusters`` clusters, cluster c seeing its inputs through
     ``transforms[c]`` (by default rotations by c·360/K degrees: 0, 90, 180 and 270 for K = 4, as the
     rotated-image settings of clustered FL), every label on every client unless ``alpha`` > 0 adds label
@@ -493,8 +493,7 @@ class Feature(PartitionOptions):
         return [f"rotate:{c * 360 / self.clusters:g}" if c else "none" for c in range(self.clusters)]
 
     def validate(self, where: str, nodes: int) -> None:
-        if not 1 <= self.clusters <= nodes:
-            raise ValueError(f"{where}clusters ({self.clusters}) must be between 1 and scenario.nodes ({nodes})")
+        super().validate(where, nodes)
         if self.transforms and len(self.transforms) != self.clusters:
             raise ValueError(f"{where}transforms must give one transform per cluster: {self.clusters} clusters, "
                              f"{len(self.transforms)} transforms")
@@ -505,9 +504,6 @@ class Feature(PartitionOptions):
                 raise ValueError(f"{where}transforms: {exc}") from None
         if not self.alpha >= 0:
             raise ValueError(f"{where}alpha must be >= 0 (0: no label skew; got {self.alpha})")
-
-    def true_clusters(self) -> int:
-        return self.clusters
 
     def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
               val_fraction: float) -> Partition:
