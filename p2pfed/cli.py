@@ -149,6 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from p2pfed.report.results import report_run
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    if args.seeds:
+        return _run_seeds(args, methods)
     scenario, out = prepare_run(Path(args.scenario), Path(args.out) if args.out else None, methods,
                                 args.overrides)
     log_to_run_folder(out)
@@ -160,6 +162,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(report_run(out))
     print(f"\nrun folder: {out}")
     return 0
+
+
+def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
+    """p2pfed run --seeds: the scenario once per seed, then the table of mean ± sd over the seeds."""
+    import time
+
+    from p2pfed.launch.runner import log_to_run_folder, run_seeds
+    from p2pfed.report.seeds import seeds_table
+
+    path = Path(args.scenario)
+    out = Path(args.out) if args.out else Path("runs") / f"{path.stem}-seeds-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    log_to_run_folder(out)
+    with ProgressBars(enabled=not args.quiet) as bars:
+        interrupted = run_seeds(path, out, args.seeds, methods, args.overrides, bars.update)
+    if interrupted:
+        print(f"interrupted; the seeds that ran are reported in {out} (the same command resumes)", file=sys.stderr)
+        return 130
+    print(seeds_table(json.loads((out / "summary.json").read_text())))
+    print(f"\nrun folder: {out} (one run folder per seed: {out}/seed-S)")
+    return 0
+
+
+def parse_seeds(text: str) -> list[int]:
+    """--seeds: '0-3' or '0,1,2,3' (or '4': four seeds, 0 to 3)."""
+    try:
+        if "-" not in text and "," not in text:
+            count = int(text)
+            if not 1 <= count <= 100:
+                raise ValueError
+            return list(range(count))
+        seeds: list[int] = []
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            seeds.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count (1 to 100) or a list of seeds such as "
+                                         "0-3 or 0,1,5") from None
+    if not seeds or len(seeds) > 100 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: give 1 to 100 distinct seeds, each >= 0")
+    return seeds
 
 
 class ProgressBars:
@@ -192,9 +235,13 @@ class ProgressBars:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Redraw the table and plots of a run folder."""
+    """Redraw the table and plots of a run folder (of a run over seeds: of each seed's and of all)."""
     from p2pfed.report.results import report_run
+    from p2pfed.report.seeds import is_seeds_folder, seeds_table, write_seeds_report
 
+    if is_seeds_folder(Path(args.run_dir)):
+        print(seeds_table(write_seeds_report(Path(args.run_dir))))
+        return 0
     print(report_run(Path(args.run_dir)))
     return 0
 
@@ -292,6 +339,9 @@ def _add_run_commands(sub: Any) -> None:
                         "data.partition.clusters=10 or --set \"scenario.methods=['ifca']\", or a method's own "
                         "option: --set methods.perfedavg.inner_lr=0.02 (a TOML value; repeatable; the run "
                         "folder's scenario.toml records the result)")
+    p.add_argument("--seeds", type=parse_seeds, metavar="N|LIST",
+                   help="run the scenario once per seed (4: seeds 0-3; or 0-3, 0,1,5), each into OUT/seed-S, and "
+                        "report mean ± standard deviation over them; the same command resumes an interrupted run")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.set_defaults(func=cmd_run)

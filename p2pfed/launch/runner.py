@@ -344,6 +344,7 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
         "true_cluster": partition.true_cluster,
         "labels": [s.labels for s in partition.shards],
         "train": [len(s.train) for s in partition.shards],
+        "test": [len(s.test) for s in partition.shards],  # what the report weighs micro accuracy by
         "adversaries": {scenario.node_name(a.node): a.kind for a in scenario.adversaries},
     }
     if any(s.transform != "none" for s in partition.shards):  # feature-space clusters: how each node sees
@@ -427,6 +428,42 @@ def log_to_run_folder(out: Path) -> None:
     for h in logging.getLogger().handlers:
         if h is not handler and isinstance(h, logging.StreamHandler) and h.level == logging.NOTSET:
             h.setLevel(logging.WARNING)
+
+
+def run_seeds(path: Path, out: Path, seeds: list[int], methods: list[str] | None = None,
+              overrides: list[str] | None = None, progress: Progress | None = None) -> bool:
+    """Run a scenario once per seed, each into its own run folder out/seed-S/, then write the report over the
+    seeds (report/seeds.py); return whether Ctrl-C cut it short (the report then covers what ran). A method a
+    seed's folder already holds to its end is not run again, so the same command resumes an interrupted run."""
+    from p2pfed.config import ConfigError
+    from p2pfed.report.seeds import complete_methods, seed_folder, write_seeds_report
+
+    overrides = list(overrides or ())
+    if any(o.partition("=")[0].strip() == "scenario.seed" for o in overrides):
+        raise ConfigError("--seeds sets scenario.seed for each run: leave --set scenario.seed out")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds: give each seed once (got {seeds})")
+    try:
+        for seed in seeds:
+            scenario, folder = prepare_run(path, seed_folder(out, seed), methods, [*overrides, f"scenario.seed={seed}"])
+            done = complete_methods(folder)
+            todo = [m for m in scenario.methods if m not in done]
+            if not todo:
+                log.info("seed %d: every method already ran in %s", seed, folder)
+                continue
+            scenario.methods = todo
+
+            def labelled(method: str, finished: int, total: int, seed: int = seed) -> None:
+                if progress:
+                    progress(f"{method} seed {seed}", finished, total)
+
+            run_scenario(scenario, folder, labelled)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            write_seeds_report(out)
+        return True
+    write_seeds_report(out)
+    return False
 
 
 def run_interrupted(scenario: Scenario, out: Path, progress: Progress | None = None) -> bool:

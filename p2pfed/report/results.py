@@ -2,14 +2,16 @@
 
 summary.json is a contract for users' scripts::
 
-    {"methods": {"<method>": {"accuracy": float, "bottom5_accuracy": float, "macro_f1": float,
-                              "ari": float | null, "bytes_sent": int, "seconds": float, ...}}}
+    {"methods": {"<method>": {"accuracy": float, "micro_accuracy": float, "bottom5_accuracy": float,
+                              "macro_f1": float, "ari": float | null, "bytes_sent": int, "seconds": float, ...}}}
 
 accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next
-character); bottom5_accuracy the mean over the worst 5% of nodes (at least one); loss the mean of the nodes'
-test loss (per token for next-token prediction, where perplexity is its exp); ari the adjusted Rand index
-between the true clusters and the discovered ones (connected groups of mutual choices), for methods that
-discover clusters.
+character), each node counting once (the per-node mean paper 002 reports); micro_accuracy weighs each node
+by its test samples, i.e. the share of all honest nodes' test samples predicted right (the sample-weighted
+figure papers 000, 001 and 003 report); bottom5_accuracy the mean over the worst 5% of nodes (at least
+one); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
+exp); ari the adjusted Rand index between the true clusters and the discovered ones (connected groups of
+mutual choices), for methods that discover clusters.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     adversaries: dict[str, str] = partition.get("adversaries", {})
     honest = {n: v for n, v in per_node.items() if n not in adversaries}  # an adversary's accuracy is not counted
     accs = sorted(v["accuracy"] for v in honest.values() if v and not math.isnan(v["accuracy"]))
+    micro = _micro_accuracy(honest, dict(zip(partition["nodes"], partition.get("test", []), strict=False)))
     f1s = [v["macro_f1"] for v in honest.values() if v and not math.isnan(v["macro_f1"])]
     losses = [v["loss"] for v in honest.values() if v and not math.isnan(v.get("loss", math.nan))]
     loss = float(np.mean(losses)) if losses else None
@@ -71,6 +74,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     bytes_sent += sum(int(r.get("bytes_sent", 0)) for r in coordinator if r["event"] == "final")
     return {
         "accuracy": float(np.mean(accs)) if accs else None,
+        "micro_accuracy": micro,
         "bottom5_accuracy": float(np.mean(accs[:k])) if accs else None,
         "macro_f1": float(np.mean(f1s)) if f1s else None,
         "loss": loss,
@@ -91,6 +95,22 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "cluster_accuracy": {str(c): float(np.mean(v)) for c, v in _by_cluster(honest, true).items()},
         "events": run.get("events", []),
     }
+
+
+def _micro_accuracy(nodes: dict[str, Any], test_sizes: dict[str, int]) -> float | None:
+    """The nodes' accuracies weighted by their test samples: a final record says how many it evaluated; a node
+    that never finished counts with its last round's accuracy and its test shard's size from the partition.
+    None when some node's size is known from neither (runs made before partitions recorded them)."""
+    right = total = 0.0
+    for name, v in nodes.items():
+        if not v or math.isnan(v["accuracy"]):
+            continue
+        samples = v.get("test_samples", test_sizes.get(name))
+        if samples is None:
+            return None
+        right += v["accuracy"] * samples
+        total += samples
+    return right / total if total else None
 
 
 def _by_cluster(nodes: dict[str, Any], true: dict[str, int]) -> dict[int, list[float]]:
@@ -134,15 +154,15 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
     text = any(m.get("perplexity") is not None for m in summary["methods"].values())
     rows = []
     for name, m in sorted(summary["methods"].items(), key=lambda kv: -(kv[1]["accuracy"] or 0)):
-        row = [name, pct(m["accuracy"]), pct(m["bottom5_accuracy"]), pct(m["macro_f1"])]
+        row = [name, pct(m["accuracy"]), pct(m.get("micro_accuracy")), pct(m["bottom5_accuracy"]), pct(m["macro_f1"])]
         if text:  # next-token prediction: the loss per token and its perplexity say more than accuracy
             loss, ppl = m.get("loss"), m.get("perplexity")
             row += ["–" if loss is None else f"{loss:.3f}", "–" if ppl is None else f"{ppl:.2f}"]
         rows.append([*row, "–" if m["ari"] is None else f"{m['ari']:.3f}", f"{m['bytes_sent'] / 1e6:.1f}",
                      f"{m['seconds']:.0f}", f"{m['nodes_finished']}/{m['nodes']}"
                      + (f" ({m['rounds_skipped']} rounds skipped)" if m.get("rounds_skipped") else "")])
-    headers = ["method", "accuracy %", "bottom-5% acc %", "macro-F1 %", *(["test loss", "perplexity"] if text else []),
-               "ARI", "MB sent", "seconds", "finished"]
+    headers = ["method", "accuracy %", "micro acc %", "bottom-5% acc %", "macro-F1 %",
+               *(["test loss", "perplexity"] if text else []), "ARI", "MB sent", "seconds", "finished"]
     return tabulate(rows, headers=headers, tablefmt=fmt)
 
 

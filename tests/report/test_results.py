@@ -67,3 +67,18 @@ def test_score_rows_and_choices_are_drawn_as_heatmaps(tmp_path: Path) -> None:
     assert (tmp_path / "influence-scored.png").stat().st_size > 1000
     assert (tmp_path / "peers-scored.png").stat().st_size > 1000
     assert "scored" in (tmp_path / "results.md").read_text()
+
+
+def test_micro_accuracy_weighs_each_node_by_its_test_samples(tmp_path: Path) -> None:
+    # n00 finished (its final record says it evaluated 300 samples); n01 and n02 never finished: their last
+    # round counts, with their test shard's size from the partition; the adversary n03 is not counted.
+    partition = {**PARTITION, "test": [999, 100, 100, 50]}
+    folder = run_folder(tmp_path, "weighted", {
+        "n00": [("final", {"accuracy": 0.9, "macro_f1": 0.9, "test_samples": 300})],
+        "n01": [("round", {"round": 1, "accuracy": 0.5, "macro_f1": 0.5})],
+        "n02": [("round", {"round": 1, "accuracy": 0.3, "macro_f1": 0.3})],
+        "n03": [("final", {"accuracy": 0.0, "macro_f1": 0.0, "test_samples": 50})]})
+    summary = summarize_method(folder, partition)
+    assert summary["micro_accuracy"] == pytest.approx((0.9 * 300 + 0.5 * 100 + 0.3 * 100) / 500)
+    assert summary["accuracy"] == pytest.approx((0.9 + 0.5 + 0.3) / 3)
+    assert summarize_method(folder, PARTITION)["micro_accuracy"] is None  # sizes unknown: no figure, not a guess

@@ -108,8 +108,8 @@ def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_
     assert [sorted(r["chosen"]) for r in n01 if r["event"] == "choice"] == [["n00", "n02"]]
     assert "round 6: crash n01" in " ".join(summary["events"])
     assert "slow n04" in " ".join(summary["events"]) and summary["nodes_finished"] == 9
-    for key, kind in [("accuracy", float), ("bottom5_accuracy", float), ("macro_f1", float), ("bytes_sent", int),
-                      ("seconds", float)]:
+    for key, kind in [("accuracy", float), ("micro_accuracy", float), ("bottom5_accuracy", float),
+                      ("macro_f1", float), ("bytes_sent", int), ("seconds", float)]:
         assert isinstance(summary[key], kind)
     for png in ["accuracy.png", "influence-pfedlia-p2p.png", "peers-pfedlia-p2p.png"]:
         assert (out / png).stat().st_size > 1000
@@ -170,3 +170,31 @@ def test_the_papers_selection_and_clustering_rules_run_over_sockets(tmp_path: Pa
         ["n01", "n02"]]
     table = (out / "results.md").read_text()
     assert "pfedlia-p2p-paper" in table and "pfedlia-central-paper" in table
+
+
+def test_a_run_over_seeds_reports_mean_and_sd_and_resumes_without_running_again(tmp_path: Path) -> None:
+    path = write(tmp_path, methods='["oracle", "local"]')
+    shrink(path, nodes=4, clusters=2, rounds=3)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "p2pfed", "run", str(path), "--out", str(out), "-q", "--seeds", "0,1"]
+    res = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "± " in res.stdout and "oracle" in res.stdout
+    per_seed = [json.loads((out / f"seed-{s}" / "summary.json").read_text())["methods"] for s in (0, 1)]
+    assert [load_scenario(out / f"seed-{s}" / "scenario.toml").seed for s in (0, 1)] == [0, 1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1]
+    for method in ("oracle", "local"):
+        values = [s[method]["accuracy"] for s in per_seed]
+        entry = summary["methods"][method]["accuracy"]
+        assert entry["values"] == values and entry["mean"] == sum(values) / 2
+        assert abs(entry["sd"] - abs(values[0] - values[1]) / 2 ** 0.5) < 1e-12  # n - 1: sd of two is |a-b|/√2
+    assert (out / "accuracy.png").stat().st_size > 1000
+    written = {p: p.stat().st_mtime_ns for p in out.glob("seed-*/*/*.jsonl")}
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in out.glob("seed-*/*/*.jsonl")} == written  # nothing ran again
+    (out / "summary.json").unlink()
+    report = subprocess.run([sys.executable, "-m", "p2pfed", "report", str(out)], capture_output=True, text=True)
+    assert report.returncode == 0 and "± " in report.stdout
+    assert json.loads((out / "summary.json").read_text()) == summary
