@@ -156,13 +156,16 @@ def _from_arrays(name: str, xtr: np.ndarray, ytr: np.ndarray, xte: np.ndarray, y
                    torch.tensor(yte, dtype=torch.int64), classes)
 
 
+CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}  # as torchvision unpacks them
+
+
 def _load_cifar(name: str, root: Path | None) -> Dataset:
     import torchvision
 
     cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     target = root or DEFAULT_ROOT
     try:
-        train = cls(str(target), train=True, download=not (target / "cifar-10-batches-py").exists())
+        train = cls(str(target), train=True, download=not (target / CIFAR_FOLDERS[name]).exists())
         test = cls(str(target), train=False, download=False)
     except Exception as exc:
         raise DatasetUnavailable(f"{name} not found under {target} and could not be downloaded ({exc}); "

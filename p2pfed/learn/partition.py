@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from p2pfed.learn.labels import LABEL_GROUPS, label_groups
 from p2pfed.learn.transforms import parse
 
 
@@ -87,18 +88,24 @@ def _finish(train_parts: list[list[np.ndarray]], test_parts: list[list[np.ndarra
 
 
 def pathological(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int, seed: int,
-                 val_fraction: float = 0.2, extra_labels: int = 0, extra_prob: float = 0.0) -> Partition:
+                 val_fraction: float = 0.2, extra_labels: int = 0, extra_prob: float = 0.0,
+                 groups: str = "none") -> Partition:
     """Paper 002's pathological clusters: labels split evenly over clusters, each label exclusive to one.
 
+    With groups (learn/labels.py) the groups of labels are split evenly instead, and a cluster holds every
+    label of its groups (CIFAR-100: 20 superclasses, four per cluster of five, as paper 002 does).
     With extra_prob > 0 this is the noisy setting: each client, with that probability, also gets
     extra_labels random labels from outside its cluster (002: 0.5 and one label; five for CIFAR-100).
     Clients are assigned to clusters in contiguous blocks (client i in cluster i * C // N).
     """
     num_classes = int(max(y_train.max(), y_test.max())) + 1
-    if not 1 <= n_clusters <= min(n_clients, num_classes):
-        raise ValueError(f"clusters must be between 1 and min(nodes, classes) = {min(n_clients, num_classes)}")
+    grouped = label_groups(groups, num_classes)
+    if not 1 <= n_clusters <= min(n_clients, len(grouped)):
+        what = "classes" if groups == "none" else f"groups of {groups}"
+        raise ValueError(f"clusters must be between 1 and min(nodes, {what}) = {min(n_clients, len(grouped))}")
     rng = np.random.default_rng(seed)
-    cluster_labels = [list(map(int, part)) for part in np.array_split(np.arange(num_classes), n_clusters)]
+    cluster_labels = [sorted(label for g in part for label in grouped[g])
+                      for part in np.array_split(np.arange(len(grouped)), n_clusters)]
     true_cluster = [i * n_clusters // n_clients for i in range(n_clients)]
     client_labels = [list(cluster_labels[c]) for c in true_cluster]
     for i in range(n_clients):
@@ -316,19 +323,29 @@ class Clustered(PartitionOptions):
 
 @dataclass(frozen=True)
 class Pathological(Clustered):
-    """Paper 002's pathological clusters (``pathological``)."""
+    """Paper 002's pathological clusters (``pathological``); ``label_groups`` deals groups of labels instead
+    of labels ("cifar100-superclasses": CIFAR-100's superclasses, as paper 002 does; see learn/labels.py)."""
 
     kind: ClassVar[str] = "pathological"
 
+    label_groups: str = "none"
+
+    def validate(self, where: str, nodes: int) -> None:
+        super().validate(where, nodes)
+        if self.label_groups != "none" and self.label_groups not in LABEL_GROUPS:
+            raise ValueError(f"{where}label_groups must be none or one of {', '.join(LABEL_GROUPS)} "
+                             f"(got {self.label_groups[:40]!r})")
+
     def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
               val_fraction: float) -> Partition:
-        return pathological(y_train, y_test, n_clients, self.clusters, seed, val_fraction)
+        return pathological(y_train, y_test, n_clients, self.clusters, seed, val_fraction,
+                            groups=self.label_groups)
 
 
 @dataclass(frozen=True)
-class Noisy(Clustered):
+class Noisy(Pathological):
     """Paper 002's noisy clusters (``noisy``): with probability extra_prob a client also gets extra_labels
-    labels from outside its cluster."""
+    labels from outside its cluster (paper 002: one; five for CIFAR-100)."""
 
     kind: ClassVar[str] = "noisy"
 
@@ -344,7 +361,7 @@ class Noisy(Clustered):
     def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
               val_fraction: float) -> Partition:
         return pathological(y_train, y_test, n_clients, self.clusters, seed, val_fraction, self.extra_labels,
-                            self.extra_prob)
+                            self.extra_prob, self.label_groups)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,10 @@ class Scenario:
         if self.data.partition.transforms_inputs and is_text(self.data.dataset):
             raise ConfigError(f"{where}data.partition.kind: the {self.data.partition.kind} partition transforms "
                               f"images; {self.data.dataset!r} is text")
+        groups = getattr(self.data.partition, "label_groups", "none")
+        if groups != "none" and self.data.dataset in DATASETS and not groups.startswith(f"{self.data.dataset}-"):
+            raise ConfigError(f"{where}data.partition.label_groups: {groups} groups the labels of "
+                              f"{groups.partition('-')[0]}, not of {self.data.dataset}")
         self._check_scripted(where)
         self.mesh.validate(f"{where}mesh.")
 

@@ -13,6 +13,7 @@ from p2pfed.methods import load_checked
 SCENARIOS = sorted((Path(__file__).parents[2] / "scenarios").glob("*.toml"))
 # train, test, and what the partition deals out: 10 labels, or the 4 languages of the scandinavian words
 SIZES = {"digits": (1347, 450, 10), "fmnist": (60000, 10000, 10), "cifar10": (50000, 10000, 10),
+         "cifar100": (50000, 10000, 100),
          "scandinavian": (18000, 6000, 4)}
 
 
