@@ -45,10 +45,12 @@ class LocalData:
 
 
 def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Partition) -> LocalData:
-    """Node index's shard (training samples capped at data.max_train when set), its inputs seen through the
-    shard's transform (feature-space clusters; the noise of each split seeded by the scenario and the node)."""
+    """Node index's shard (training and validation samples capped at data.max_train and data.max_val when
+    set), its inputs seen through the shard's transform (feature-space clusters; the noise of each split seeded
+    by the scenario and the node)."""
     shard = partition.shards[index]
     train = shard.train[: scenario.data.max_train] if scenario.data.max_train else shard.train
+    val = shard.val[: scenario.data.max_val] if scenario.data.max_val else shard.val
 
     def inputs(x: torch.Tensor, split: int) -> torch.Tensor:
         if shard.transform == "none":
@@ -56,8 +58,8 @@ def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Part
         # a seed of its own (round_seed(seed, index, r) seeds the node's training in round r)
         return apply_transform(shard.transform, x, round_seed(scenario.seed, index, -1 - split))
 
-    return LocalData(inputs(dataset.x_train[train], 0), dataset.y_train[train], inputs(dataset.x_train[shard.val], 1),
-                     dataset.y_train[shard.val], inputs(dataset.x_test[shard.test], 2), dataset.y_test[shard.test])
+    return LocalData(inputs(dataset.x_train[train], 0), dataset.y_train[train], inputs(dataset.x_train[val], 1),
+                     dataset.y_train[val], inputs(dataset.x_test[shard.test], 2), dataset.y_test[shard.test])
 
 
 class LocalNode:

@@ -36,6 +36,9 @@ class DataConfig:
     root: str = ""
     val_fraction: float = 0.2
     max_train: int = 0  # cap on each node's training samples (0: no cap), for scarce-data settings
+    # cap on each node's validation samples (0: no cap): with max_train, a scarce node keeps the paper's 80/20
+    # split (max_train = 40, max_val = 10) instead of holding far more samples out than it trains on
+    max_val: int = 0
     # the [data.partition] table: kind (the partition's name) and that partition's own options
     # (learn/partition.py), filled by load_scenario
     partition: PartitionOptions = field(default_factory=Pathological)
@@ -154,6 +157,8 @@ class Scenario:
             (0 < self.train.participation <= 1, "train.participation must be in (0, 1]"),
             (self.train.eval_every >= 1, "train.eval_every must be at least 1"),
             (0 <= self.data.val_fraction < 1, "data.val_fraction must be in [0, 1)"),
+            (self.data.max_train >= 0 and self.data.max_val >= 0,
+             "data.max_train and data.max_val must be >= 0 (0: no cap)"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
         ]

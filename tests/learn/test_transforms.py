@@ -3,11 +3,13 @@ the same seed, and a node's train, validation and test inputs all go through its
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
+from p2pfed.config import ConfigError
 from p2pfed.learn.datasets import load_dataset
 from p2pfed.learn.partition import make_partition
 from p2pfed.learn.transforms import Step, apply, parse
@@ -95,3 +97,17 @@ def test_a_nodes_train_validation_and_test_inputs_all_go_through_its_clusters_tr
     again = local_data(scenario, 3, dataset, partition)  # the same noise on a restart, or on another machine
     assert torch.equal(again.x_train, seen.x_train) and torch.equal(again.x_test, seen.x_test)
     assert not torch.equal(seen.x_train[:5], seen.x_val[:5])  # each split draws its own noise
+
+
+def test_max_train_and_max_val_cap_a_nodes_splits(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.replace("[data]\n", "[data]\nmax_train = 7\nmax_val = 3\n"))
+    scenario = load_scenario(path)
+    dataset = load_dataset("digits")
+    partition = scenario.data.partition.build(dataset.y_train.numpy(), dataset.y_test.numpy(), 4, scenario.seed, 0.2)
+    data, shard = local_data(scenario, 0, dataset, partition), partition.shards[0]
+    assert (len(data.y_train), len(data.y_val), len(data.y_test)) == (7, 3, len(shard.test))
+    assert torch.equal(data.y_val, dataset.y_train[shard.val[:3]])  # the shard's first validation samples
+    path.write_text(SCENARIO.replace("[data]\n", "[data]\nmax_val = -1\n"))
+    with pytest.raises(ConfigError, match=re.escape("data.max_train and data.max_val must be >= 0")):
+        load_scenario(path)
