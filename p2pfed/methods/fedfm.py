@@ -15,7 +15,13 @@ The matching loss is ``fedfm`` contrastive guiding, CE(softmax(<a_n, f(x)>/α), 
 ``fedfm-lite`` (Section VI) has one exchange per round: participants train with the anchors they were
 sent, then compute their anchors on the trained model and send them with the model; the model itself
 travels only every ``every`` rounds (a), so in the other rounds a participant trains the model it
-kept and sends anchors alone (the communication FedFM-Lite saves shows in bytes_sent).
+kept and sends anchors alone (the communication FedFM-Lite saves shows in bytes_sent). A node keeps
+training its own model across the rounds without a model exchange and sends that model at the model
+round; it gets the global model back once, at its first round after the global model changed, and testing
+the global model (evaluation rounds) leaves the node's own model as it was. The paper
+says models travel "every a rounds" and no more; sending the global model down only when it is new is our
+reading, and it keeps what a node learned between exchanges (reloading the global model at every model
+round threw those rounds away).
 
 Choices where the paper is silent: anchors are means of normalised features (the paper normalises the
 features before matching); α defaults to 0.1 (our choice; normalised features make inner products lie in
@@ -39,7 +45,7 @@ from torch.nn import functional as F
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.models import features_and_logits
-from p2pfed.learn.train import state_of, weighted_average
+from p2pfed.learn.train import Evaluation, state_of, weighted_average
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update
 from p2pfed.methods.class_tables import class_mean, class_prototypes, global_table, head_classes, local_table
 from p2pfed.methods.options import MethodOptions
@@ -111,6 +117,12 @@ class FedFMClient(ClientMethod):
             aux = {"anchors": mine, "counts": counts}
         state = state_of(model) if task.meta.get("send_model", 1) else None
         return Update(state, 0, {"choice": 0, "train_loss": loss}, aux=aux), 0
+
+    async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
+        if not task.meta.get("keep_own") or len(task.candidates) != 1:
+            return await super().evaluate(task)
+        # FedFM-Lite: the global model is tested, and the model the node is training stays its own
+        return await self.node.test(self.node.new_model(task.candidates[0])), 0
 
 
 @dataclass(frozen=True)
@@ -241,16 +253,47 @@ class FedFML2Server(FedFMServer):
 
 
 class FedFMLiteServer(FedFMServer):
-    """FedFM-Lite: one exchange per round, anchors every round, models every `every` rounds."""
+    """FedFM-Lite: one exchange per round, anchors every round, models up every `every` rounds, and the global
+    model down to a node once after each change (see the module's docstring)."""
 
     name = "fedfm-lite"
     options_type = FedFMLiteOptions
     options: FedFMLiteOptions
     lite = True
 
+    def __init__(self, ctx: Any, options: Any) -> None:
+        super().__init__(ctx, options)
+        self.version = 0  # how often the global model has changed
+        self.held: dict[str, int] = {}  # the version of the global model each node has trained from
+        self.sending: dict[str, int] = {}  # the version sent in a node's task this round (held once it answers)
+
     def train_task(self, rnd: int, node: str) -> Task:
+        self.sending[node] = self.version
         if not self.matching(rnd):
             return Task("train", [self.global_model])
         model_round = (rnd - self.options.start) % self.options.every == 0
         meta = {**self._meta(), "send_model": int(model_round)}
-        return Task("train", [self.global_model] if model_round else [], meta, aux=self._aux())
+        fresh = self.held.get(node, -1) < self.version  # the node has not trained from this global model yet
+        return Task("train", [self.global_model] if fresh else [], meta, aux=self._aux())
+
+    def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
+        for node in updates:  # its answer shows the task, and the model in it, arrived
+            if node in self.sending:
+                self.held[node] = self.sending[node]
+        self.sending = {}
+        before = self.global_model
+        super().aggregate(rnd, updates)
+        if self.global_model is not before:
+            self.version += 1
+
+    def state(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+        data, models = super().state()
+        return {**data, "version": self.version, "held": self.held}, models
+
+    def eval_task(self, node: str) -> Task:
+        return Task("eval", [self.global_model], {"keep_own": 1})
+
+    def restore(self, data: dict[str, Any], models: dict[str, dict[str, torch.Tensor]]) -> None:
+        super().restore(data, models)
+        self.version = int(data.get("version", 0))  # checkpoints from before it was kept: every node refreshes
+        self.held = {k: int(v) for k, v in data.get("held", {}).items()}

@@ -1,5 +1,6 @@
 """FedFM (paper 004): the matching losses, anchor aggregation (weighted and uniform), FedFM-Lite's
-model-every-a-rounds schedule, and the three forms end to end over real sockets."""
+model-every-a-rounds schedule (a node's own model kept between model rounds), and the three forms end to
+end over real sockets."""
 
 from __future__ import annotations
 
@@ -77,10 +78,33 @@ def test_fedfm_asks_for_anchors_before_training_and_lite_sends_models_every_a_ro
     assert asked == ["compute"] and server.train_task(1, "a").aux["have"].tolist() == [1, 1, 0]
     assert server.train_task(1, "a").models == [] and len(server.train_task(1, "b").models) == 1  # a holds it
     lite = FedFMLiteServer(fedfm_ctx(), FedFMLiteOptions(start=2, every=3))
-    plan = [len(lite.train_task(r, "a").models) for r in range(2, 9)]
-    assert plan == [1, 0, 0, 1, 0, 0, 1]  # the model travels in rounds T_s, T_s + a, ...
     lite.aggregate(3, {"a": Update(None, 5, {}, aux={"anchors": ANCHORS, "counts": torch.tensor([1.0, 1, 0])})})
     assert lite.anchors is not None and torch.equal(lite.global_model["head.weight"], torch.zeros(3, 2))
     lite.aggregate(4, {"a": Update(vec(1, 1, 1, 1) | {"head.weight": torch.ones(3, 2), "head.bias": torch.ones(3)},
                                    5, {})})
     assert torch.equal(lite.global_model["head.weight"], torch.ones(3, 2))
+
+
+def model(value: float) -> dict[str, torch.Tensor]:
+    return {"head.weight": torch.full((3, 2), value), "head.bias": torch.full((3,), value)}
+
+
+def test_fedfm_lite_nodes_keep_training_their_own_model_between_model_rounds() -> None:
+    lite = FedFMLiteServer(fedfm_ctx(), FedFMLiteOptions(start=2, every=3))
+    down, up = [], []
+    for rnd in range(2, 10):  # node a takes part in every round; b only in round 7
+        nodes = ["a", "b"] if rnd == 7 else ["a"]
+        tasks = {n: lite.train_task(rnd, n) for n in nodes}
+        down.append(len(tasks["a"].models))
+        up.append(tasks["a"].meta["send_model"])
+        if rnd == 7:
+            assert len(tasks["b"].models) == 1  # b has not trained from the current global model: it gets it
+        lite.aggregate(rnd, {n: Update(model(rnd) if t.meta["send_model"] else None, 5, {}) for n, t in tasks.items()})
+    # Models go up in rounds T_s, T_s + a, ... (a node sends the model it kept training), and the new global
+    # model comes down once, in the round after it changed; in the rounds between, a node trains its own.
+    assert up == [1, 0, 0, 1, 0, 0, 1, 0]
+    assert down == [1, 1, 0, 0, 1, 0, 0, 1]
+    restored = FedFMLiteServer(fedfm_ctx(), FedFMLiteOptions(start=2, every=3))
+    restored.restore(*lite.state())
+    assert (restored.version, restored.held) == (lite.version, lite.held) == (3, {"a": 3, "b": 2})
+    assert restored.train_task(10, "a").models == [] and len(restored.train_task(10, "c").models) == 1
