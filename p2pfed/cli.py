@@ -169,10 +169,12 @@ def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
     import time
 
     from p2pfed.launch.runner import log_to_run_folder, run_seeds
-    from p2pfed.report.seeds import seeds_table
+    from p2pfed.methods import load_checked
+    from p2pfed.report.seeds import crash_lines, seeds_table
 
     path = Path(args.scenario)
-    out = Path(args.out) if args.out else Path("runs") / f"{path.stem}-seeds-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = load_checked(path, args.overrides).name  # a scenario that cannot run leaves no folder behind
+    out = Path(args.out) if args.out else Path("runs") / f"{name}-seeds-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     log_to_run_folder(out)
     with ProgressBars(enabled=not args.quiet) as bars:
@@ -180,28 +182,36 @@ def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
     if interrupted:
         print(f"interrupted; the seeds that ran are reported in {out} (the same command resumes)", file=sys.stderr)
         return 130
-    print(seeds_table(json.loads((out / "summary.json").read_text())))
+    summary = json.loads((out / "summary.json").read_text())
+    print("\n".join([seeds_table(summary), *crash_lines(summary)]))
     print(f"\nrun folder: {out} (one run folder per seed: {out}/seed-S)")
     return 0
 
 
+MAX_SEEDS = 100
+
+
 def parse_seeds(text: str) -> list[int]:
-    """--seeds: '0-3' or '0,1,2,3' (or '4': four seeds, 0 to 3)."""
+    """--seeds: a count N (seeds 0 to N-1), or seeds and ranges: 0-3, 0,1,5, 7-7 (seed 7 alone)."""
+    usage = (f"{text[:40]!r}: give a count (1 to {MAX_SEEDS}: 4 runs seeds 0-3) or distinct seeds >= 0 and "
+             "ranges, such as 0-3, 0,1,5 or 7-7")
+    seeds: list[int] = []
     try:
-        if "-" not in text and "," not in text:
+        if text.strip().isdigit():
             count = int(text)
-            if not 1 <= count <= 100:
+            if not 1 <= count <= MAX_SEEDS:
                 raise ValueError
             return list(range(count))
-        seeds: list[int] = []
         for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            seeds.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+            lo, dash, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if dash else int(lo)
+            if not 0 <= first <= last or last - first + len(seeds) >= MAX_SEEDS:
+                raise ValueError
+            seeds.extend(range(first, last + 1))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count (1 to 100) or a list of seeds such as "
-                                         "0-3 or 0,1,5") from None
-    if not seeds or len(seeds) > 100 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r}: give 1 to 100 distinct seeds, each >= 0")
+        raise argparse.ArgumentTypeError(usage) from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(usage)
     return seeds
 
 
@@ -237,10 +247,11 @@ class ProgressBars:
 def cmd_report(args: argparse.Namespace) -> int:
     """Redraw the table and plots of a run folder (of a run over seeds: of each seed's and of all)."""
     from p2pfed.report.results import report_run
-    from p2pfed.report.seeds import is_seeds_folder, seeds_table, write_seeds_report
+    from p2pfed.report.seeds import crash_lines, is_seeds_folder, seeds_table, write_seeds_report
 
     if is_seeds_folder(Path(args.run_dir)):
-        print(seeds_table(write_seeds_report(Path(args.run_dir))))
+        summary = write_seeds_report(Path(args.run_dir))
+        print("\n".join([seeds_table(summary), *crash_lines(summary)]))
         return 0
     print(report_run(Path(args.run_dir)))
     return 0
@@ -340,8 +351,9 @@ def _add_run_commands(sub: Any) -> None:
                         "option: --set methods.perfedavg.inner_lr=0.02 (a TOML value; repeatable; the run "
                         "folder's scenario.toml records the result)")
     p.add_argument("--seeds", type=parse_seeds, metavar="N|LIST",
-                   help="run the scenario once per seed (4: seeds 0-3; or 0-3, 0,1,5), each into OUT/seed-S, and "
-                        "report mean ± standard deviation over them; the same command resumes an interrupted run")
+                   help="run the scenario once per seed (4: seeds 0-3; or 0-3, 0,1,5, 7-7), each into OUT/seed-S, "
+                        "and report mean ± standard deviation over every seed in OUT; the same command resumes an "
+                        "interrupted run")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.set_defaults(func=cmd_run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import subprocess
@@ -9,6 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from p2pfed.cli import parse_seeds
 from tests.helpers import free_port, p2pfed, peer_states, status, stop, wait_for
 
 
@@ -115,3 +119,15 @@ def test_a_node_that_cannot_join_stops_on_sigterm_and_says_why_when_it_gives_up(
     res = run("node", "--join", dead, "--bind", "tcp://127.0.0.1:0", "--name", "lonely", "--config", str(cfg))
     assert res.returncode == 2, res.stderr
     assert f"lonely could not join mesh 'default': no answer from {dead} in 2 s" in res.stderr  # not "p2pfed: "
+
+
+@pytest.mark.parametrize(("text", "seeds"), [("4", [0, 1, 2, 3]), ("0-3", [0, 1, 2, 3]), ("0,1,5", [0, 1, 5]),
+                                             ("2-3,7", [2, 3, 7]), ("7-7", [7])])
+def test_seeds_are_a_count_or_seeds_and_ranges(text: str, seeds: list[int]) -> None:
+    assert parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text", ["0", "abc", "1,1", "3-1", "0-", "3-1,5", "101", "-2", "0-1000000000", "7,"])
+def test_bad_seeds_are_refused_with_the_forms_that_work(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="give a count"):
+        parse_seeds(text)

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -281,7 +281,8 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                      progress: Progress | None = None) -> MethodRun:
     """Run one method on the scenario's mesh, its scripted events included; return what happened."""
     out.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob("*.jsonl"), *out.glob("*.ckpt"), *out.glob("*.kept")]:
+    # run.json too: it marks a method that ran to its end (a run over seeds skips those when it resumes)
+    for stale in [*out.glob("*.jsonl"), *out.glob("*.ckpt"), *out.glob("*.kept"), *out.glob("run.json")]:
         stale.unlink()
     in_children = scenario.processes or scenario.workers > 1
     mesh: InProcessMesh = (ProcessMesh if in_children else InProcessMesh)(scenario, method, dataset, partition, out)
@@ -381,21 +382,17 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     return runs
 
 
-def _settings(scenario: Scenario) -> dict[str, Any]:
-    """What makes two runs comparable: every setting but the methods and the file it came from."""
-    settings = {k: v for k, v in asdict(scenario).items() if k not in ("methods", "path")}
-    settings["data"]["partition"]["kind"] = scenario.data.partition.kind  # a class's name, not a field
-    return settings
-
-
 def prepare_run(path: Path, out: Path | None, methods: list[str] | None = None,
                 overrides: list[str] | None = None) -> tuple[Scenario, Path]:
     """Load a scenario file (only some of its methods, or with TABLE.KEY=VALUE overrides) and make its run
     folder (by default runs/NAME-TIME); return both. A folder that holds a run of another scenario is refused:
     its report would mix the two."""
     from p2pfed.config import ConfigError, read_toml
+    from p2pfed.report.seeds import is_seeds_folder
 
     scenario = load_checked(path, overrides or ())
+    if is_seeds_folder(out or Path("-")):
+        raise ConfigError(f"{out} holds a run over seeds: add to it with --seeds, or choose another --out")
     if methods:
         unknown = [m for m in methods if m not in scenario.methods]
         if unknown:
@@ -404,8 +401,7 @@ def prepare_run(path: Path, out: Path | None, methods: list[str] | None = None,
         scenario.methods = methods
     out = out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if (out / "scenario.toml").exists():  # adding methods to a run folder: only to a run of the same scenario
-        before, now = _settings(load_scenario(out / "scenario.toml", moved=MOVED)), _settings(scenario)
-        differ = [k for k in now if before.get(k) != now[k]]
+        differ = scenario.differs_from(load_scenario(out / "scenario.toml", moved=MOVED))
         if differ:
             raise ConfigError(f"{out} holds a run of another scenario ({', '.join(differ)} differ); its report "
                               "would mix the two: choose another --out")
@@ -434,15 +430,27 @@ def run_seeds(path: Path, out: Path, seeds: list[int], methods: list[str] | None
               overrides: list[str] | None = None, progress: Progress | None = None) -> bool:
     """Run a scenario once per seed, each into its own run folder out/seed-S/, then write the report over the
     seeds (report/seeds.py); return whether Ctrl-C cut it short (the report then covers what ran). A method a
-    seed's folder already holds to its end is not run again, so the same command resumes an interrupted run."""
+    seed's folder already holds to its end, with no node crashed, is not run again: the same command resumes
+    an interrupted run. Everything that could refuse the run is checked before the first seed starts."""
     from p2pfed.config import ConfigError
-    from p2pfed.report.seeds import complete_methods, seed_folder, write_seeds_report
+    from p2pfed.report.seeds import complete_methods, seed_dirs, seed_folder, write_seeds_report
 
     overrides = list(overrides or ())
     if any(o.partition("=")[0].strip() == "scenario.seed" for o in overrides):
         raise ConfigError("--seeds sets scenario.seed for each run: leave --set scenario.seed out")
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds: give each seed once (got {seeds})")
+    if (out / "partition.json").exists():
+        raise ConfigError(f"{out} holds the run of one scenario, not a run over seeds: choose another --out")
+    scenario = load_checked(path, overrides)
+    if methods and (unknown := [m for m in methods if m not in scenario.methods]):
+        raise ConfigError(f"--methods: {', '.join(unknown)} not among {path}'s methods ({', '.join(scenario.methods)})")
+    for folder in seed_dirs(out).values():  # the report covers every seed folder: they must hold one experiment
+        if (folder / "scenario.toml").exists():
+            differ = scenario.differs_from(load_scenario(folder / "scenario.toml", moved=MOVED), "seed")
+            if differ:
+                raise ConfigError(f"{folder} holds a run of other settings ({', '.join(differ)} differ); the "
+                                  "report over seeds would mix them: choose another --out")
     try:
         for seed in seeds:
             scenario, folder = prepare_run(path, seed_folder(out, seed), methods, [*overrides, f"scenario.seed={seed}"])

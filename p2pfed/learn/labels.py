@@ -18,6 +18,12 @@ CIFAR100_SUPERCLASS: tuple[int, ...] = (
 )
 
 LABEL_GROUPS: dict[str, tuple[int, ...]] = {"cifar100-superclasses": CIFAR100_SUPERCLASS}
+DATASET_OF: dict[str, str] = {"cifar100-superclasses": "cifar100"}  # the built-in dataset each grouping is of
+
+
+def group_count(name: str) -> int:
+    """How many groups the named grouping has (known without the data)."""
+    return max(LABEL_GROUPS[name]) + 1
 
 
 def label_groups(name: str, num_classes: int) -> list[list[int]]:

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from p2pfed.learn.labels import LABEL_GROUPS, label_groups
+from p2pfed.learn.labels import LABEL_GROUPS, group_count, label_groups
 from p2pfed.learn.transforms import parse
 
 
@@ -104,6 +104,8 @@ def pathological(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clus
         what = "classes" if groups == "none" else f"groups of {groups}"
         raise ValueError(f"clusters must be between 1 and min(nodes, {what}) = {min(n_clients, len(grouped))}")
     rng = np.random.default_rng(seed)
+    # Groups go to clusters in their order (CIFAR-100: superclasses 0-3 to cluster 0, ...), as labels do; the
+    # paper does not say which superclasses share a cluster, and a fixed order lets every machine agree.
     cluster_labels = [sorted(label for g in part for label in grouped[g])
                       for part in np.array_split(np.arange(len(grouped)), n_clusters)]
     true_cluster = [i * n_clusters // n_clients for i in range(n_clients)]
@@ -332,9 +334,14 @@ class Pathological(Clustered):
 
     def validate(self, where: str, nodes: int) -> None:
         super().validate(where, nodes)
-        if self.label_groups != "none" and self.label_groups not in LABEL_GROUPS:
+        if self.label_groups == "none":
+            return
+        if self.label_groups not in LABEL_GROUPS:
             raise ValueError(f"{where}label_groups must be none or one of {', '.join(LABEL_GROUPS)} "
                              f"(got {self.label_groups[:40]!r})")
+        if self.clusters > group_count(self.label_groups):
+            raise ValueError(f"{where}clusters ({self.clusters}) must not exceed the {group_count(self.label_groups)} "
+                             f"groups of {self.label_groups}")
 
     def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
               val_fraction: float) -> Partition:

@@ -8,7 +8,8 @@ summary.json is a contract for users' scripts::
 accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next
 character), each node counting once (the per-node mean paper 002 reports); micro_accuracy weighs each node
 by its test samples, i.e. the share of all honest nodes' test samples predicted right (the sample-weighted
-figure papers 000, 001 and 003 report); bottom5_accuracy the mean over the worst 5% of nodes (at least
+figure papers 000, 001 and 003 report; for next-token prediction a sample is a word, so it weighs nodes by
+their test words); bottom5_accuracy the mean over the worst 5% of nodes (at least
 one); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
 exp); ari the adjusted Rand index between the true clusters and the discovered ones (connected groups of
 mutual choices), for methods that discover clusters.

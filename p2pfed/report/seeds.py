@@ -5,14 +5,19 @@ average values and standard deviations").
 
 summary.json of a seeds folder::
 
-    {"seeds": [0, 1, ...], "methods": {"<method>": {"<metric>": {"mean": float, "sd": float | null,
-                                                                 "values": [float per seed]}, ...}}}
+    {"seeds": [0, 1, ...],
+     "methods": {"<method>": {"seeds": [seeds that ran it to its end], "nodes_finished": int, "nodes": int,
+                              "crashed": {"<seed>": {"<node>": "<error>"}},
+                              "<metric>": {"mean": float, "sd": float | null, "values": [float | null]}, ...}}}
 
 for each metric of a seed's summary.json that is a number (accuracy, micro_accuracy, bottom5_accuracy,
-macro_f1, loss, perplexity, ari, nmi, bytes_sent, seconds). sd is the sample standard deviation (n − 1 in the
-denominator: the seeds are a sample of the runs one could make; paper 002 does not say which it used), null
-with one seed. A method counts only the seeds that ran it to the end (its run.json is written); the table
-says how many.
+macro_f1, loss, perplexity, ari, nmi, bytes_sent, seconds); values are in the order of the method's seeds
+(null where a seed has no value, e.g. no ARI), mean and sd over the known ones. sd is the sample standard
+deviation (n − 1 in the denominator: the seeds are a sample of the runs one could make; paper 002 does not
+say which it used), null with one value. A method counts only the seeds that ran it to its end (its run.json
+is written; a method cut short by Ctrl-C has none), and nodes_finished / nodes shows whether every node of
+those runs finished. The report covers every seed-S folder of the run folder, and refuses folders that hold
+runs of different settings (the seed aside).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
+from p2pfed.methods import MOVED
 from p2pfed.report.records import read_records
 from p2pfed.report.results import write_report
+from p2pfed.scenario.config import load_scenario
 
 METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "macro_f1", "loss", "perplexity", "ari", "nmi",
            "bytes_sent", "seconds")
@@ -37,43 +44,76 @@ def seed_folder(run_dir: Path, seed: int) -> Path:
     return run_dir / f"seed-{seed}"
 
 
-def seed_folders(run_dir: Path) -> dict[int, Path]:
-    """The seeds' run folders under run_dir (those with a partition: a seed that started), by seed."""
+def seed_dirs(run_dir: Path) -> dict[int, Path]:
+    """Every seed-S folder under run_dir, started or not, by seed."""
     found = {}
     for p in run_dir.glob("seed-*"):
         suffix = p.name.removeprefix("seed-")
-        if p.is_dir() and suffix.lstrip("-").isdigit() and (p / "partition.json").exists():
+        if p.is_dir() and suffix.isdigit():
             found[int(suffix)] = p
     return dict(sorted(found.items()))
 
 
+def seed_folders(run_dir: Path) -> dict[int, Path]:
+    """The seeds' run folders under run_dir that started (they hold a partition), by seed."""
+    return {s: p for s, p in seed_dirs(run_dir).items() if (p / "partition.json").exists()}
+
+
 def is_seeds_folder(run_dir: Path) -> bool:
     """True for the folder of a run over seeds (seed-S/ run folders, no partition of its own)."""
-    return not (run_dir / "partition.json").exists() and bool(seed_folders(run_dir))
+    return not (run_dir / "partition.json").exists() and bool(seed_dirs(run_dir))
+
+
+def ended_methods(folder: Path) -> dict[str, dict[str, Any]]:
+    """The methods a seed's folder ran to their end, with what the runner saw (run.json: seconds, crashed
+    nodes, events); the runner writes run.json when a method ends, and removes it when the method starts."""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(folder.glob("*/run.json"))}
 
 
 def complete_methods(folder: Path) -> set[str]:
-    """The methods a seed's folder ran to the end (the runner writes run.json when a method ends)."""
-    return {p.parent.name for p in folder.glob("*/run.json")}
+    """The methods a seed's folder holds to their end with no node crashed: a resumed run skips these."""
+    return {name for name, run in ended_methods(folder).items() if not run.get("crashed")}
 
 
-def aggregate(summaries: dict[int, dict[str, Any]], complete: dict[int, set[str]]) -> dict[str, Any]:
-    """Mean, standard deviation and per-seed values of every metric of every method, over the seeds that
-    completed it."""
+def aggregate(summaries: dict[int, dict[str, Any]], ended: dict[int, set[str]]) -> dict[str, Any]:
+    """Per method: the seeds that ran it to its end, and for every metric the mean and sample standard
+    deviation over them and the value of each (null where a seed has none), in the order of seeds."""
     methods: dict[str, dict[str, Any]] = {}
     names = sorted({m for s in summaries.values() for m in s["methods"]})
     for name in names:
-        seeds = [s for s in summaries if name in summaries[s]["methods"] and name in complete.get(s, set())]
-        entry: dict[str, Any] = {"seeds": seeds}
+        seeds = [s for s in summaries if name in summaries[s]["methods"] and name in ended.get(s, set())]
+        runs = [summaries[s]["methods"][name] for s in seeds]
+        entry: dict[str, Any] = {"seeds": seeds, "nodes_finished": sum(int(r.get("nodes_finished", 0)) for r in runs),
+                                 "nodes": sum(int(r.get("nodes", 0)) for r in runs),
+                                 "crashed": {str(s): r["crashed"] for s, r in zip(seeds, runs, strict=True)
+                                             if r.get("crashed")}}
         for metric in METRICS:
-            values = [summaries[s]["methods"][name].get(metric) for s in seeds]
-            values = [float(v) for v in values if isinstance(v, int | float) and not math.isnan(v)]
-            if values:
-                entry[metric] = {"mean": float(np.mean(values)),
-                                 "sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+            values = [_number(r.get(metric)) for r in runs]
+            known = [v for v in values if v is not None]
+            if known:
+                entry[metric] = {"mean": float(np.mean(known)),
+                                 "sd": float(np.std(known, ddof=1)) if len(known) > 1 else None,
                                  "values": values}
         methods[name] = entry
     return {"seeds": sorted(summaries), "methods": methods}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def check_same_settings(run_dir: Path) -> None:
+    """Raise ValueError if the seeds' folders hold runs of different settings (the seed aside): their mean
+    would mix two experiments."""
+    folders = [p for p in seed_dirs(run_dir).values() if (p / "scenario.toml").exists()]
+    if not folders:
+        return
+    first = load_scenario(folders[0] / "scenario.toml", moved=MOVED)
+    for other in folders[1:]:
+        differ = first.differs_from(load_scenario(other / "scenario.toml", moved=MOVED), "seed")
+        if differ:
+            raise ValueError(f"{folders[0].name} and {other.name} of {run_dir} hold runs of different settings "
+                             f"({', '.join(differ)} differ): a report over them would mix two experiments")
 
 
 def write_seeds_report(run_dir: Path) -> dict[str, Any]:
@@ -81,11 +121,13 @@ def write_seeds_report(run_dir: Path) -> dict[str, Any]:
     folders = seed_folders(run_dir)
     if not folders:
         raise FileNotFoundError(f"{run_dir} holds no seed-S run folders")
+    check_same_settings(run_dir)
     summaries = {s: write_report(f) for s, f in folders.items()}
-    summary = aggregate(summaries, {s: complete_methods(f) for s, f in folders.items()})
+    ended = {s: set(ended_methods(f)) for s, f in folders.items()}
+    summary = aggregate(summaries, ended)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (run_dir / "results.md").write_text(seeds_table(summary, fmt="github") + "\n")
-    plot_seeds(run_dir, folders)
+    plot_seeds(run_dir, folders, ended)
     return summary
 
 
@@ -105,25 +147,32 @@ def seeds_table(summary: dict[str, Any], fmt: str = "simple") -> str:
                cell(m, "bottom5_accuracy", 100, 2), cell(m, "macro_f1", 100, 2)]
         if text:
             row += [cell(m, "loss", 1, 3), cell(m, "perplexity", 1, 2)]
-        rows.append([*row, cell(m, "ari", 1, 3), len(m["seeds"])])
+        rows.append([*row, cell(m, "ari", 1, 3), len(m["seeds"]), f"{m['nodes_finished']}/{m['nodes']}"])
     headers = ["method", "accuracy %", "micro acc %", "bottom-5% acc %", "macro-F1 %",
-               *(["test loss", "perplexity"] if text else []), "ARI", "seeds"]
+               *(["test loss", "perplexity"] if text else []), "ARI", "seeds", "finished"]
     seeds = ", ".join(map(str, summary["seeds"]))
     title = f"mean ± standard deviation over seeds {seeds}\n" + ("\n" if fmt == "github" else "")
     return title + tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
-def plot_seeds(run_dir: Path, folders: dict[int, Path]) -> None:
-    """accuracy.png: per method, the mean over seeds of the nodes' mean test accuracy per round, with a band
-    of ± one standard deviation across seeds (rounds some seed did not evaluate are left out)."""
+def crash_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per method and seed in which nodes crashed."""
+    return [f"{name} seed {seed}: crashed nodes: " + "; ".join(f"{k}: {v}" for k, v in crashed.items())
+            for name, m in summary["methods"].items() for seed, crashed in m["crashed"].items()]
+
+
+def plot_seeds(run_dir: Path, folders: dict[int, Path], ended: dict[int, set[str]]) -> None:
+    """accuracy.png: per method, the mean over the seeds that ran it to its end of the nodes' mean test
+    accuracy per round, with a band of ± one standard deviation across them (rounds some seed did not
+    evaluate are left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     curves: dict[str, list[dict[int, float]]] = {}
-    for folder in folders.values():
-        for m in sorted(p for p in folder.iterdir() if p.is_dir() and any(p.glob("*.jsonl"))):
+    for seed, folder in folders.items():
+        for m in sorted(p for p in folder.iterdir() if p.is_dir() and p.name in ended.get(seed, set())):
             by_round: dict[int, list[float]] = {}
             for r in read_records(m):
                 if r["event"] == "round" and "accuracy" in r and not math.isnan(r["accuracy"]):

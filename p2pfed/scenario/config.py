@@ -15,6 +15,7 @@ from typing import Any
 
 from p2pfed.config import ConfigError, MeshConfig, fill, read_toml
 from p2pfed.learn.datasets import DATASETS, is_text
+from p2pfed.learn.labels import DATASET_OF
 from p2pfed.learn.models import MODELS, SEQUENCE_MODELS
 from p2pfed.learn.partition import PARTITIONS, PartitionOptions, Pathological
 from p2pfed.wire.messages import clip, is_name
@@ -36,8 +37,8 @@ class DataConfig:
     root: str = ""
     val_fraction: float = 0.2
     max_train: int = 0  # cap on each node's training samples (0: no cap), for scarce-data settings
-    # cap on each node's validation samples (0: no cap): with max_train, a scarce node keeps the paper's 80/20
-    # split (max_train = 40, max_val = 10) instead of holding far more samples out than it trains on
+    # cap on each node's validation samples (0: no cap): with max_train, a scarce node keeps val_fraction's
+    # 80/20 split (max_train = 40, max_val = 10) instead of holding far more samples out than it trains on
     max_val: int = 0
     # the [data.partition] table: kind (the partition's name) and that partition's own options
     # (learn/partition.py), filled by load_scenario
@@ -116,6 +117,20 @@ class Scenario:
         """The kind of adversary node index is, None for an honest node."""
         return next((a.kind for a in self.adversaries if a.node == index), None)
 
+    def settings(self, *ignore: str) -> dict[str, Any]:
+        """What makes two runs comparable, by table: every setting but the methods, the file it came from and
+        the [scenario] keys in ignore (a run over seeds compares its seeds' runs without scenario.seed)."""
+        settings = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("methods", "path")}
+        settings["data"]["partition"]["kind"] = self.data.partition.kind  # a class's name, not a field
+        for key in ignore:
+            settings.pop(key, None)
+        return settings
+
+    def differs_from(self, other: Scenario, *ignore: str) -> list[str]:
+        """The names of the settings where two scenarios differ (empty: their runs can share a report)."""
+        mine, theirs = self.settings(*ignore), other.settings(*ignore)
+        return [k for k in mine if theirs.get(k) != mine[k]]
+
     def node_name(self, index: int) -> str:
         """The name of node index (n00, n01, ...), the same on every machine."""
         return f"n{index:0{max(2, len(str(self.nodes - 1)))}d}"
@@ -134,9 +149,9 @@ class Scenario:
             raise ConfigError(f"{where}data.partition.kind: the {self.data.partition.kind} partition transforms "
                               f"images; {self.data.dataset!r} is text")
         groups = getattr(self.data.partition, "label_groups", "none")
-        if groups != "none" and self.data.dataset in DATASETS and not groups.startswith(f"{self.data.dataset}-"):
+        if groups in DATASET_OF and self.data.dataset in DATASETS and DATASET_OF[groups] != self.data.dataset:
             raise ConfigError(f"{where}data.partition.label_groups: {groups} groups the labels of "
-                              f"{groups.partition('-')[0]}, not of {self.data.dataset}")
+                              f"{DATASET_OF[groups]}, not of {self.data.dataset}")
         self._check_scripted(where)
         self.mesh.validate(f"{where}mesh.")
 

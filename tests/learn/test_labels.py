@@ -88,6 +88,9 @@ def test_a_grouping_is_refused_where_it_cannot_hold() -> None:
                        label_groups="cifar100-superclasses")
     with pytest.raises(ValueError, match="between 1 and min"):
         make_partition("pathological", Y_TRAIN, Y_TEST, 30, seed=0, clusters=21, label_groups="cifar100-superclasses")
+    with pytest.raises(ValueError) as caught:  # known when the scenario loads, before any data
+        PARTITIONS["pathological"](clusters=21, label_groups="cifar100-superclasses").validate("p.", 30)
+    assert str(caught.value) == "p.clusters (21) must not exceed the 20 groups of cifar100-superclasses"
     with pytest.raises(ValueError) as caught:
         PARTITIONS["noisy"](label_groups="cifar-superclasses").validate("p.", 8)
     assert str(caught.value) == "p.label_groups must be none or one of cifar100-superclasses (got 'cifar-superclasses')"

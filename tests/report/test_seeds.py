@@ -1,33 +1,45 @@
-"""The report over seeds: mean, sample standard deviation and the values of each metric, over the seeds
-that ran a method to its end."""
+"""The report over seeds: mean, sample standard deviation and each seed's value of every metric, over the
+seeds that ran a method to its end; and the run over seeds that resumes what is missing and refuses to mix
+experiments."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from p2pfed.cli import parse_seeds
-from p2pfed.report.seeds import aggregate, complete_methods, is_seeds_folder, seeds_table
+from p2pfed.config import ConfigError
+from p2pfed.launch import runner
+from p2pfed.report.seeds import aggregate, complete_methods, ended_methods, is_seeds_folder, seeds_table
 
 
-def summary(**accuracies: float | None) -> dict:
-    return {"methods": {m: {"accuracy": a, "ari": None, "bytes_sent": 10} for m, a in accuracies.items()}}
+def summary(**accuracies: float | None) -> dict[str, Any]:
+    return {"methods": {m: {"accuracy": a, "ari": None, "bytes_sent": 10, "nodes_finished": 4, "nodes": 4,
+                            "crashed": {}} for m, a in accuracies.items()}}
 
 
-def test_mean_and_sample_sd_over_the_seeds_that_completed_a_method() -> None:
+def test_mean_and_sample_sd_over_the_seeds_that_ran_a_method_to_its_end() -> None:
     summaries = {0: summary(a=0.8, b=0.5), 1: summary(a=0.9, b=0.7), 2: summary(a=0.7, b=0.1)}
-    complete = {0: {"a", "b"}, 1: {"a", "b"}, 2: {"a"}}  # b was cut short in seed 2: not counted
-    out = aggregate(summaries, complete)
+    ended = {0: {"a", "b"}, 1: {"a", "b"}, 2: {"a"}}  # b was cut short in seed 2: not counted
+    out = aggregate(summaries, ended)
     assert out["methods"]["a"]["accuracy"]["mean"] == pytest.approx(0.8)
     assert out["methods"]["a"]["accuracy"]["sd"] == pytest.approx(0.1)  # n - 1 in the denominator
     assert out["methods"]["b"]["seeds"] == [0, 1] and out["methods"]["b"]["accuracy"]["values"] == [0.5, 0.7]
+    assert (out["methods"]["b"]["nodes_finished"], out["methods"]["b"]["nodes"]) == (8, 8)
     assert "ari" not in out["methods"]["a"]  # no value in any seed: no entry, not a zero
     assert out["methods"]["a"]["bytes_sent"] == {"mean": 10.0, "sd": 0.0, "values": [10.0, 10.0, 10.0]}
     table = seeds_table(out)
-    assert "80.00 ± 10.00" in table and "60.00 ± 14.14" in table
+    assert "80.00 ± 10.00" in table and "60.00 ± 14.14" in table and "8/8" in table
+
+
+def test_a_seed_without_a_value_keeps_its_place() -> None:
+    summaries = {0: summary(a=0.8), 1: summary(a=None), 2: summary(a=0.6)}
+    entry = aggregate(summaries, {s: {"a"} for s in summaries})["methods"]["a"]
+    assert entry["seeds"] == [0, 1, 2] and entry["accuracy"]["values"] == [0.8, None, 0.6]
+    assert entry["accuracy"]["mean"] == pytest.approx(0.7)
 
 
 def test_one_seed_has_no_spread() -> None:
@@ -39,19 +51,78 @@ def test_one_seed_has_no_spread() -> None:
 def test_a_seeds_folder_is_told_from_a_run_folder(tmp_path: Path) -> None:
     (tmp_path / "seed-0" / "fedavg").mkdir(parents=True)
     (tmp_path / "seed-0" / "partition.json").write_text(json.dumps({}))
-    (tmp_path / "seed-0" / "fedavg" / "run.json").write_text("{}")
+    (tmp_path / "seed-0" / "fedavg" / "run.json").write_text(json.dumps({"crashed": {}}))
+    (tmp_path / "seed-0" / "ifca").mkdir()
+    (tmp_path / "seed-0" / "ifca" / "run.json").write_text(json.dumps({"crashed": {"n01": "RuntimeError()"}}))
     (tmp_path / "seed-0" / "local").mkdir()  # started, never ended: no run.json
     assert is_seeds_folder(tmp_path) and not is_seeds_folder(tmp_path / "seed-0")
-    assert complete_methods(tmp_path / "seed-0") == {"fedavg"}
+    assert set(ended_methods(tmp_path / "seed-0")) == {"fedavg", "ifca"}
+    assert complete_methods(tmp_path / "seed-0") == {"fedavg"}  # a crash is run again when the run resumes
 
 
-@pytest.mark.parametrize(("text", "seeds"), [("4", [0, 1, 2, 3]), ("0-3", [0, 1, 2, 3]), ("0,1,5", [0, 1, 5]),
-                                             ("2-3,7", [2, 3, 7])])
-def test_seeds_are_a_count_or_a_list(text: str, seeds: list[int]) -> None:
-    assert parse_seeds(text) == seeds
+SCENARIO = "[scenario]\nnodes = 4\nrounds = 2\nmethods = ['fedavg', 'local', 'ifca']\n[data]\npartition.clusters = 2\n"
 
 
-@pytest.mark.parametrize("text", ["0", "abc", "1,1", "3-1", "101", "-2"])
-def test_bad_seeds_are_refused_with_the_forms_that_work(text: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match="seeds"):
-        parse_seeds(text)
+class FakeRuns:
+    """run_scenario as the runner calls it, without learning: it records what it was asked and leaves each
+    method's folder as a method that ran to its end does (records, run.json), except methods told to stop."""
+
+    def __init__(self, stop_at: set[tuple[int, str]] | None = None) -> None:
+        self.asked: list[tuple[int, list[str]]] = []
+        self.stop_at = stop_at or set()
+
+    def __call__(self, scenario: Any, out: Path, progress: Any = None) -> dict[str, Any]:
+        self.asked.append((scenario.seed, list(scenario.methods)))
+        (out / "partition.json").write_text(json.dumps({"nodes": ["n0"], "true_cluster": [0]}))
+        for method in scenario.methods:
+            (out / method).mkdir(exist_ok=True)
+            (out / method / "n0.jsonl").write_text(json.dumps(
+                {"event": "final", "node": "n0", "method": method, "round": 1, "time": 0.0,
+                 "accuracy": 0.5 + scenario.seed / 10, "macro_f1": 0.5, "test_samples": 3}) + "\n")
+            if (scenario.seed, method) in self.stop_at:
+                raise KeyboardInterrupt
+            (out / method / "run.json").write_text(json.dumps({"method": method, "seconds": 1.0, "crashed": {}}))
+        return {}
+
+
+def test_a_run_over_seeds_resumes_what_did_not_end_and_reports_over_every_seed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, out = tmp_path / "s.toml", tmp_path / "run"
+    path.write_text(SCENARIO)
+    fake = FakeRuns(stop_at={(1, "local")})
+    monkeypatch.setattr(runner, "run_scenario", fake)
+    assert runner.run_seeds(path, out, [0, 1]) is True  # Ctrl-C in seed 1's local
+    assert fake.asked == [(0, ["fedavg", "local", "ifca"]), (1, ["fedavg", "local", "ifca"])]
+    partial = json.loads((out / "summary.json").read_text())["methods"]
+    assert partial["local"]["seeds"] == [0] and partial["fedavg"]["seeds"] == [0, 1]
+    fake.asked, fake.stop_at = [], set()
+    assert runner.run_seeds(path, out, [0, 1]) is False  # the same command resumes: seed 1's local and ifca
+    assert fake.asked == [(1, ["local", "ifca"])]
+    done = json.loads((out / "summary.json").read_text())
+    assert done["seeds"] == [0, 1] and done["methods"]["local"]["accuracy"]["values"] == [0.5, 0.6]
+    fake.asked = []
+    assert runner.run_seeds(path, out, [2], methods=["fedavg"]) is False  # one more seed of one method
+    assert fake.asked == [(2, ["fedavg"])]
+    assert json.loads((out / "summary.json").read_text())["methods"]["fedavg"]["seeds"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("seeds", "overrides", "message"), [
+    ([0], ["scenario.seed=3"], "leave --set scenario.seed out"),
+    ([2], ["train.lr=0.2"], "holds a run of other settings (train differ)"),
+    ([0], [], "holds the run of one scenario"),
+])
+def test_a_run_over_seeds_that_would_mix_experiments_is_refused_before_it_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: list[int], overrides: list[str], message: str) -> None:
+    path, out = tmp_path / "s.toml", tmp_path / "run"
+    path.write_text(SCENARIO)
+    fake = FakeRuns()
+    monkeypatch.setattr(runner, "run_scenario", fake)
+    runner.run_seeds(path, out, [0, 1])
+    if "one scenario" in message:
+        out = out / "seed-0"  # a run folder of one seed is not a folder of seeds
+    fake.asked = []
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        runner.run_seeds(path, out, seeds, overrides=overrides)
+    assert fake.asked == []  # refused before any seed ran
+    with pytest.raises(ConfigError, match="holds a run over seeds"):
+        runner.prepare_run(path, tmp_path / "run", None)  # nor does a run of one seed go into a folder of seeds
