@@ -181,19 +181,27 @@ def cluster_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n
 
 
 def cluster_label_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int,
-                            alpha: float, seed: int, val_fraction: float = 0.2) -> Partition:
+                            alpha: float, seed: int, val_fraction: float = 0.2, draw: str = "per-label") -> Partition:
     """Paper 000's clustered structure: the labels are divided over C clusters (as in the pathological
-    partition), and each label of a cluster spreads over that cluster's clients ~ Dir(alpha): clients of a
-    cluster share a task but differ in their mix (smaller alpha, more different)."""
+    partition), and a cluster's samples spread over its clients ~ Dir(alpha).
+
+    draw = "per-label": one draw for each label of the cluster, so clients of a cluster share a task but
+    differ in their mix (smaller alpha, more different). draw = "per-cluster": one draw p_c per cluster, client
+    i taking the share p_c,i of every label of its cluster, as paper 000's text reads ("sampling p_c ~ Dir(α)
+    and allocating a p_c,i proportion of the training instances of cluster c to local client i"): the clients
+    of a cluster then differ in how much data they hold, not in its mix."""
     if alpha <= 0:
         raise ValueError("dirichlet alpha must be > 0")
+    if draw not in DRAWS:
+        raise ValueError(f"draw must be one of {', '.join(DRAWS)} (got {draw[:40]!r})")
     rng = np.random.default_rng(seed)
     num_classes = _classes(y_train, y_test)
     true_cluster = _blocks(n_clients, n_clusters, num_classes)
     props = np.zeros((num_classes, n_clients))
     for c, labels in enumerate(np.array_split(np.arange(num_classes), n_clusters)):
         members = [i for i, k in enumerate(true_cluster) if k == c]
-        props[np.ix_(labels, np.array(members))] = rng.dirichlet([alpha] * len(members), size=len(labels))
+        size = len(labels) if draw == "per-label" else 1  # per cluster: one row, the same for every label
+        props[np.ix_(labels, np.array(members))] = rng.dirichlet([alpha] * len(members), size=size)
     train_parts, test_parts, client_labels = _spread(y_train, y_test, props, rng)
     return _finish(train_parts, test_parts, client_labels, true_cluster, val_fraction, rng)
 
@@ -216,6 +224,24 @@ def feature(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, transforms:
     for shard, cluster in zip(partition.shards, true_cluster, strict=True):
         shard.transform = transforms[cluster]
     return partition
+
+
+DRAWS = ("per-label", "per-cluster")
+
+
+def nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, classes: int, seed: int,
+           val_fraction: float = 0.2) -> Partition:
+    """Paper 001's client-wise non-IID by n-class (n = 2 there, after McMahan et al.): each client gets
+    ``classes`` labels drawn at random, and a label's samples are shared equally by the clients holding it.
+    There are no clusters. A label nobody draws is left out, as random draws leave it (with 100 clients and
+    two labels each, every one of 10 labels is drawn almost surely)."""
+    num_classes = _classes(y_train, y_test)
+    if not 1 <= classes <= num_classes:
+        raise ValueError(f"classes must be in [1, {num_classes}] (got {classes})")
+    rng = np.random.default_rng(seed)
+    client_labels = [sorted(int(x) for x in rng.choice(num_classes, size=classes, replace=False))
+                     for _ in range(n_clients)]
+    return _by_holders(y_train, y_test, client_labels, [-1] * n_clients, val_fraction, rng)
 
 
 def cluster_nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int, k_cluster: int,
@@ -445,20 +471,43 @@ class ClusterNClass(Clustered):
 
 @dataclass(frozen=True)
 class ClusterLabelDirichlet(Clustered):
-    """Paper 000's clustered structure (``cluster-label-dirichlet``)."""
+    """Paper 000's clustered structure (``cluster-label-dirichlet``): ``draw`` "per-label" (one Dirichlet
+    draw per label, our first reading and the default, so earlier runs stay as they were) or "per-cluster"
+    (one draw per cluster, as the paper's text reads)."""
 
     kind: ClassVar[str] = "cluster-label-dirichlet"
 
     alpha: float = 0.5
+    draw: str = "per-label"
 
     def validate(self, where: str, nodes: int) -> None:
         super().validate(where, nodes)
         if not self.alpha > 0:
             raise ValueError(f"{where}alpha must be > 0 (got {self.alpha})")
+        if self.draw not in DRAWS:
+            raise ValueError(f"{where}draw must be one of {', '.join(DRAWS)} (got {self.draw[:40]!r})")
 
     def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
               val_fraction: float) -> Partition:
-        return cluster_label_dirichlet(y_train, y_test, n_clients, self.clusters, self.alpha, seed, val_fraction)
+        return cluster_label_dirichlet(y_train, y_test, n_clients, self.clusters, self.alpha, seed, val_fraction,
+                                       self.draw)
+
+
+@dataclass(frozen=True)
+class NClass(PartitionOptions):
+    """Paper 001's client-wise non-IID by n-class (``nclass``): ``classes`` random labels per node."""
+
+    kind: ClassVar[str] = "nclass"
+
+    classes: int = 2
+
+    def validate(self, where: str, nodes: int) -> None:
+        if self.classes < 1:
+            raise ValueError(f"{where}classes must be >= 1 (got {self.classes})")
+
+    def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
+              val_fraction: float) -> Partition:
+        return nclass(y_train, y_test, n_clients, self.classes, seed, val_fraction)
 
 
 @dataclass(frozen=True)
@@ -535,8 +584,8 @@ class Feature(Clustered):
 
 
 PARTITIONS: dict[str, type[PartitionOptions]] = {p.kind: p for p in (
-    Pathological, Noisy, Dirichlet, IID, ClusterDirichlet, ClusterNClass, ClusterLabelDirichlet, Dominant, Missing,
-    Feature)}
+    Pathological, Noisy, Dirichlet, IID, ClusterDirichlet, ClusterNClass, ClusterLabelDirichlet, NClass, Dominant,
+    Missing, Feature)}
 
 
 def make_partition(kind: str, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int, *,

@@ -17,7 +17,7 @@ def all_indices(p, split: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["pathological", "noisy", "dirichlet", "iid", "cluster-dirichlet", "cluster-nclass",
-                                  "cluster-label-dirichlet", "dominant", "missing", "feature"])
+                                  "cluster-label-dirichlet", "nclass", "dominant", "missing", "feature"])
 def test_deterministic_and_disjoint(kind: str) -> None:
     a = make_partition(kind, Y_TRAIN, Y_TEST, 20, seed=3)
     b = make_partition(kind, Y_TRAIN, Y_TEST, 20, seed=3)
@@ -64,6 +64,35 @@ def test_cluster_label_dirichlet_keeps_labels_in_their_cluster_with_different_mi
         assert set(y_train[shard.train]) <= {2 * c, 2 * c + 1}
     sizes = [len(s.train) for s in p.shards]
     assert max(sizes) > 1.5 * min(sizes)  # Dir(0.3) inside a cluster: clients differ
+
+
+def test_cluster_label_dirichlet_per_cluster_gives_a_clusters_nodes_one_mix_in_different_amounts() -> None:
+    y_train, y_test = np.repeat(np.arange(10), 600), np.repeat(np.arange(10), 100)
+    p = make_partition("cluster-label-dirichlet", y_train, y_test, 20, seed=0, clusters=5, alpha=0.3,
+                       draw="per-cluster")
+    per_label = make_partition("cluster-label-dirichlet", y_train, y_test, 20, seed=0, clusters=5, alpha=0.3)
+    mixes = []
+    for shard, c in zip(p.shards, p.true_cluster, strict=True):
+        counts = np.bincount(y_train[np.concatenate([shard.train, shard.val])], minlength=10)
+        assert set(np.flatnonzero(counts)) <= {2 * c, 2 * c + 1}
+        if counts.sum() > 50:  # one p_c per cluster: every node holds its two labels in about equal parts
+            mixes.append(counts[2 * c] / counts.sum())
+    assert mixes and max(abs(m - 0.5) for m in mixes) < 0.05
+    sizes = [len(s.train) for s in p.shards]
+    assert max(sizes) > 3 * min(sizes)  # ... in amounts that differ
+    skewed = [np.bincount(y_train[s.train], minlength=10)[2 * c] / max(1, len(s.train))
+              for s, c in zip(per_label.shards, per_label.true_cluster, strict=True) if len(s.train) > 50]
+    assert max(abs(m - 0.5) for m in skewed) > 0.2  # one draw per label: the mixes differ
+
+
+def test_nclass_gives_each_node_n_random_labels_and_no_clusters() -> None:
+    p = make_partition("nclass", Y_TRAIN, Y_TEST, 30, seed=2, classes=2)
+    assert p.true_cluster == [-1] * 30 and not p.has_clusters
+    assert all(len(s.labels) == 2 and set(Y_TRAIN[s.train]) == set(s.labels) == set(Y_TEST[s.test])
+               for s in p.shards)
+    assert len({tuple(s.labels) for s in p.shards}) > 10  # drawn per node, not dealt from a few groups
+    with pytest.raises(ValueError, match="classes must be in"):
+        make_partition("nclass", Y_TRAIN, Y_TEST, 4, seed=0, classes=11)
 
 
 def test_dominant_and_missing_classes_of_paper_004() -> None:
@@ -138,6 +167,9 @@ def test_bad_arguments_are_refused() -> None:
     ("feature", {"clusters": 1, "transforms": ("rotate:x",)},
      "p.transforms: rotate in 'rotate:x': 'x' is not a number"),
     ("feature", {"alpha": -1.0}, "p.alpha must be >= 0 (0: no label skew; got -1.0)"),
+    ("nclass", {"classes": 0}, "p.classes must be >= 1 (got 0)"),
+    ("cluster-label-dirichlet", {"draw": "per-node"},
+     "p.draw must be one of per-label, per-cluster (got 'per-node')"),
 ])
 def test_each_partition_checks_its_own_options(kind: str, options: dict[str, float], message: str) -> None:
     from p2pfed.learn.partition import PARTITIONS
@@ -153,7 +185,7 @@ def test_a_partition_knows_its_true_number_of_clusters() -> None:
 
     assert {k: c().true_clusters() for k, c in PARTITIONS.items()} == {
         "pathological": 5, "noisy": 5, "dirichlet": 0, "iid": 1, "cluster-dirichlet": 5, "cluster-nclass": 5,
-        "cluster-label-dirichlet": 5, "dominant": 0, "missing": 0, "feature": 4}
+        "cluster-label-dirichlet": 5, "nclass": 0, "dominant": 0, "missing": 0, "feature": 4}
     assert make_partition("iid", Y_TRAIN, Y_TEST, 6, seed=0).true_cluster == [0] * 6
 
 
