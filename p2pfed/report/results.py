@@ -9,8 +9,10 @@ accuracy is the mean of the nodes' personalised test accuracy (for next-token pr
 character), each node counting once (the per-node mean paper 002 reports); micro_accuracy weighs each node
 by its test samples, i.e. the share of all honest nodes' test samples predicted right (the sample-weighted
 figure papers 000, 001 and 003 report; for next-token prediction a sample is a word, so it weighs nodes by
-their test words); bottom5_accuracy the mean over the worst 5% of nodes (at least
-one); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
+their test words); bottom5_accuracy the mean over the worst 5% of nodes (at least one);
+worst5_accuracy the mean of the 5 worst nodes (paper 000's "bottom accuracy"); best5_rounds_micro_accuracy the
+mean of the 5 best evaluation rounds' micro accuracy (paper 000 reports it, as accuracy swings from round to
+round); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
 exp); ari the adjusted Rand index between the true clusters and the discovered ones (connected groups of
 mutual choices), for methods that discover clusters.
 """
@@ -51,7 +53,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     adversaries: dict[str, str] = partition.get("adversaries", {})
     honest = {n: v for n, v in per_node.items() if n not in adversaries}  # an adversary's accuracy is not counted
     accs = sorted(v["accuracy"] for v in honest.values() if v and not math.isnan(v["accuracy"]))
-    micro = _micro_accuracy(honest, dict(zip(partition["nodes"], partition.get("test", []), strict=False)))
+    test_sizes = dict(zip(partition["nodes"], partition.get("test", []), strict=False))
+    micro = _micro_accuracy(honest, test_sizes)
     f1s = [v["macro_f1"] for v in honest.values() if v and not math.isnan(v["macro_f1"])]
     losses = [v["loss"] for v in honest.values() if v and not math.isnan(v.get("loss", math.nan))]
     loss = float(np.mean(losses)) if losses else None
@@ -77,6 +80,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "accuracy": float(np.mean(accs)) if accs else None,
         "micro_accuracy": micro,
         "bottom5_accuracy": float(np.mean(accs[:k])) if accs else None,
+        "worst5_accuracy": float(np.mean(accs[:5])) if accs else None,
+        "best5_rounds_micro_accuracy": _best_rounds(records, set(honest), test_sizes),
         "macro_f1": float(np.mean(f1s)) if f1s else None,
         "loss": loss,
         "perplexity": math.exp(loss) if loss is not None and partition.get("task") == "next-token" else None,
@@ -112,6 +117,22 @@ def _micro_accuracy(nodes: dict[str, Any], test_sizes: dict[str, int]) -> float 
         right += v["accuracy"] * samples
         total += samples
     return right / total if total else None
+
+
+def _best_rounds(records: list[dict[str, Any]], honest: set[str], test_sizes: dict[str, int],
+                 best: int = 5) -> float | None:
+    """Paper 000's figure: the mean of the best 5 rounds' micro accuracy, over the rounds in which every honest
+    node was evaluated (a round's micro accuracy weighs each node by its test shard). None without the sizes."""
+    if not honest or not all(n in test_sizes for n in honest):
+        return None
+    by_round: dict[int, dict[str, float]] = {}
+    for r in records:
+        if r["event"] in ("round", "final") and r["node"] in honest and not math.isnan(r.get("accuracy", math.nan)):
+            by_round.setdefault(int(r["round"]), {})[r["node"]] = r["accuracy"]
+    total = sum(test_sizes[n] for n in honest)
+    rounds = sorted((sum(acc[n] * test_sizes[n] for n in honest) / total
+                     for acc in by_round.values() if len(acc) == len(honest)), reverse=True)
+    return float(np.mean(rounds[:best])) if rounds and total else None
 
 
 def _by_cluster(nodes: dict[str, Any], true: dict[str, int]) -> dict[int, list[float]]:

@@ -35,8 +35,8 @@ from p2pfed.report.records import read_records
 from p2pfed.report.results import write_report
 from p2pfed.scenario.config import load_scenario
 
-METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "macro_f1", "loss", "perplexity", "ari", "nmi",
-           "bytes_sent", "seconds")
+METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "worst5_accuracy", "best5_rounds_micro_accuracy",
+           "macro_f1", "loss", "perplexity", "ari", "nmi", "bytes_sent", "seconds")
 
 
 def seed_folder(run_dir: Path, seed: int) -> Path:

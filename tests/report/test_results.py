@@ -82,3 +82,15 @@ def test_micro_accuracy_weighs_each_node_by_its_test_samples(tmp_path: Path) -> 
     assert summary["micro_accuracy"] == pytest.approx((0.9 * 300 + 0.5 * 100 + 0.3 * 100) / 500)
     assert summary["accuracy"] == pytest.approx((0.9 + 0.5 + 0.3) / 3)
     assert summarize_method(folder, PARTITION)["micro_accuracy"] is None  # sizes unknown: no figure, not a guess
+
+
+def test_paper_000s_figures_the_best_five_rounds_and_the_five_worst_nodes(tmp_path: Path) -> None:
+    partition = {"nodes": NODES, "true_cluster": [0, 0, 1, 1], "adversaries": {}, "test": [10, 10, 10, 30]}
+    rounds = {n: [("round", {"round": r, "accuracy": (r + i) / 10, "macro_f1": 0.5}) for r in range(7)]
+              for i, n in enumerate(NODES)}
+    rounds["n03"] = rounds["n03"][:-1]  # n03 was not evaluated in round 6: that round does not count
+    folder = run_folder(tmp_path, "swinging", rounds)
+    summary = summarize_method(folder, partition)
+    # round r's micro accuracy: (10·r + 10·(r+1) + 10·(r+2) + 30·(r+3)) / 60 / 10 = (6r + 12) / 60
+    assert summary["best5_rounds_micro_accuracy"] == pytest.approx(sum((6 * r + 12) / 60 for r in range(1, 6)) / 5)
+    assert summary["worst5_accuracy"] == pytest.approx((0.6 + 0.7 + 0.8 + 0.8) / 4)  # fewer than 5 nodes: all
