@@ -14,6 +14,7 @@ from p2pfed.methods.cam import FeSEMCAMServer, IFCACAMServer
 from p2pfed.methods.central import ClientContext, ClientMethod, ServerContext, ServerMethod
 from p2pfed.methods.cfl import CFLServer
 from p2pfed.methods.fedavg import FedAvgServer, LocalServer, OracleServer
+from p2pfed.methods.fedavgm import FedAvgMServer
 from p2pfed.methods.feddsmic import FedDSMICServer, FedDSServer
 from p2pfed.methods.fedfm import FedFML2Server, FedFMLiteServer, FedFMServer
 from p2pfed.methods.fedfomo import FedFomoServer
@@ -25,13 +26,15 @@ from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.methods.perfedavg import PerFedAvgServer
 from p2pfed.methods.pfedlia.central import PFedLIACentralPaperServer, PFedLIACentralServer
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
+from p2pfed.methods.scaffold import ScaffoldServer
 from p2pfed.scenario.config import Moved, Scenario, load_scenario, source
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P, PFedLIAP2PPaper)}
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     FedAvgServer, FedProxServer, LocalServer, OracleServer, FeSEMServer, IFCAServer, CFLServer,
     PFedLIACentralServer, PFedLIACentralPaperServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
-    FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer)}
+    FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer, FedAvgMServer,
+    ScaffoldServer)}
 METHODS = (*CENTRAL, *REGISTRY)
 OPTIONS: dict[str, type[MethodOptions] | None] = {
     **{m: c.options_type for m, c in CENTRAL.items()}, **{m: c.options_type for m, c in REGISTRY.items()}}

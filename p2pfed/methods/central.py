@@ -319,6 +319,15 @@ class ClientMethod:
         choice = await self.node.pick(task.candidates) if len(task.candidates) > 1 else 0
         return await self.node.evaluate_state(task.candidates[choice] if task.candidates else None), choice
 
+    # -- crash safety -----------------------------------------------------------------------------
+    def state(self) -> dict[str, torch.Tensor]:
+        """What the node side keeps across rounds besides the node's model (SCAFFOLD's own control variate),
+        as named tensors: the node saves them in its checkpoint after every train task. Default: nothing."""
+        return {}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        """Take back what state() returned, from the node's own checkpoint."""
+
 
 def keyed(prefix: str, states: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
     """Per-node models for a checkpoint, named "<prefix>:<node>" (see unkeyed)."""
@@ -347,6 +356,12 @@ def nearest_groups(points: dict[str, torch.Tensor], centers: dict[int, torch.Ten
     nearest = torch.cdist(torch.stack([points[n] for n in names]),
                           torch.stack([centers[g] for g in groups])).argmin(dim=1).tolist()
     return {n: groups[i] for n, i in zip(names, nearest, strict=True)}
+
+
+def trainable_names(ctx: ServerContext) -> list[str]:
+    """The names of the scenario model's trainable parameters, its buffers left out: what a server-side
+    optimiser moves (FedAvgM's momentum, SCAFFOLD's step and control variates)."""
+    return [name for name, p in ctx.module(dict(ctx.initial)).named_parameters() if p.requires_grad]
 
 
 def flatten(state: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -6,8 +6,8 @@ The method comes with the task, so a node needs no ``--method``: the mesh tells 
 worker thread, one at a time, while the event loop keeps answering heartbeats.
 
 - train: take the best-fitting candidate (several: lowest training loss), train it (or the node's own
-  model when no candidate comes: a method that keeps models local), send it back. The node's model is
-  checkpointed after.
+  model when no candidate comes: a method that keeps models local), send it back. The node's model and
+  what its method's node side keeps across rounds (ClientMethod.state) are checkpointed after.
 - eval / finish: take the personalised model the coordinator chose (or pick among candidates), evaluate
   it on the node's test shard, record it, report the metrics. finish ends the node.
 - compute: a method's own step that leaves the node's model as it is (e.g. statistics of the node's data,
@@ -78,6 +78,7 @@ class CentralNode(LocalNode):
         self.finished = asyncio.Event()
         self.final_recorded = False  # the finish task came (the coordinator may leave before finished is set)
         self.coordinator_left = asyncio.Event()
+        self.method_state: dict[str, torch.Tensor] = {}  # a restored node side's state, until its method is known
         endpoint.handlers["task"] = self._on_task
         endpoint.on_change.append(self._on_peer_change)
 
@@ -182,6 +183,7 @@ class CentralNode(LocalNode):
             except ValueError as exc:
                 raise WireError(str(exc)) from None
             self.method_name = name
+            self.client.restore(self.method_state)
             log.info("%s: training under %s (told by the coordinator)", self.name, name)
         elif name != self.method_name:
             raise WireError(f"this node runs {self.method_name}, the task is for {name}")
@@ -272,12 +274,17 @@ class CentralNode(LocalNode):
             pass
 
     def checkpoint(self) -> None:
-        """The node's own model and round, atomically (a model that never leaves the node lives only here)."""
-        save_atomic({"round": self.round, "model": state_of(self.model)}, self.checkpoint_path)
+        """The node's own model, round and its method's node-side state (ClientMethod.state), atomically: a
+        model or a method's tensors that never leave the node live only here."""
+        method = self.client.state() if self.client is not None else self.method_state
+        save_atomic({"round": self.round, "model": state_of(self.model), "method": method}, self.checkpoint_path)
 
     def restore(self) -> None:
         if self.checkpoint_path.exists():
             ckpt = load_own(self.checkpoint_path)
             self.model.load_state_dict(ckpt["model"])
             self.round = int(ckpt["round"])
+            self.method_state = dict(ckpt.get("method", {}))  # checkpoints from before it was kept have none
+            if self.client is not None:
+                self.client.restore(self.method_state)
             log.info("%s: resumed its model from round %d", self.name, self.round)

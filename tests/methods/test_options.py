@@ -55,6 +55,7 @@ DEFAULTS = {
     "fedfm-lite": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False, "every": 5},
     "fedprox": {"mu": 0.01}, "fedproto": {"lam": 1.0}, "fedfomo": {"m": 5, "epsilon": 0.3},
     "perfedavg": {"inner_lr": 0.01, "personal_steps": 1},
+    "fedavgm": {"momentum": 0.9, "server_lr": 1.0}, "scaffold": {"server_lr": 1.0},
 }
 
 
