@@ -13,11 +13,17 @@ as good starting points (first-order MAML), personalised by one gradient step.
 ``fedds`` is the clustering-only ablation of the paper's Table 2: the same KL clustering, plain local SGD
 and no personalisation step.
 
+Initial centers (``init``): the paper's Algorithm 1 and §4 start from "C randomly initialized center
+models" (``init = "random"``: centers from seeds seed+1 .. seed+C, as IFCA's; in its first training round a
+node trains from the shared initial model, its w_i^0, and Eq. 6–7 place it against those centers). On our
+runs random centers let one cluster take everyone (their outputs on the indicator samples are all near
+uniform, so the first placements say little), so the default, ``init = "kmeans"``, is our choice: as
+FeSEM's paper does with parameters, in the first round every live node trains from the shared initial model
+and k-means (20 restarts) on their softmax outputs on the indicator samples gives the first clusters, whose
+centers follow by Eq. 17.
+
 Choices where the paper is silent, and why:
-- Initial centers: Algorithm 1 only says "initialize"; random centers let one cluster take everyone, so
-  here, as FeSEM's paper does with parameters, in the first round every live node trains from the shared
-  initial model and k-means (20 restarts) on their softmax outputs on the indicator samples gives the
-  first clusters, whose centers follow by Eq. 17. C is given (``k``, default the true number).
+- C is given (``k``, default the true number).
 - Indicator samples are drawn from the training split; our partitions do not set them aside first, so
   a handful may also be in some node's shard (10 per class of tens of thousands).
 - A node that joins later (§4.3: "first train on its local dataset for a few epochs and choose the most
@@ -27,7 +33,8 @@ Choices where the paper is silent, and why:
   whose members trained keeps its model.
 
 Options, ``[methods.feddsmic]`` and ``[methods.fedds]``: ``k``, ``indicator_per_class`` (default 10, the
-paper's), ``inner_lr`` (default 0.01, the paper's) and ``warmup`` (default 5).
+paper's), ``inner_lr`` (default 0.01, the paper's), ``warmup`` (default 5) and ``init`` ("kmeans", ours, the
+default; "random", the paper's).
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ class FedDSMICOptions(ClusteredOptions):
     indicator_per_class: int = 10  # server-held indicator samples per class (paper 000's 10)
     inner_lr: float = 0.01  # η of the inner step and of the personalisation step
     warmup: int = 5  # local epochs of a node that joins after the first clustering (§4.3: "a few")
+    init: str = "kmeans"  # first centers: k-means on the first local models (ours), or "random" (the paper's)
     moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.indicator_per_class": "indicator_per_class",
                                        "central.maml_inner_lr": "inner_lr", "central.cam_warmup": "warmup"}
 
@@ -98,6 +106,8 @@ class FedDSMICOptions(ClusteredOptions):
         if self.indicator_per_class < 1 or not self.inner_lr > 0 or self.warmup < 1:
             raise ConfigError(f"{where}indicator_per_class must be >= 1, inner_lr > 0 and warmup >= 1 (got "
                               f"{self.indicator_per_class}, {self.inner_lr}, {self.warmup})")
+        if self.init not in ("kmeans", "random"):
+            raise ConfigError(f"{where}init must be kmeans or random (got {self.init[:40]!r})")
 
 
 class FedDSMICServer(ServerMethod):
@@ -114,6 +124,8 @@ class FedDSMICServer(ServerMethod):
         super().__init__(ctx, options)
         self.indicator = ctx.indicator_samples(options.indicator_per_class)
         self.newcomers: set[str] = set()  # nodes placed by their first local model, not yet averaged in
+        if options.init == "random":  # Algorithm 1: C randomly initialised centers
+            self.models = {g: ctx.build(ctx.seed + 1 + g) for g in range(self.k)}
 
     @property
     def k(self) -> int:
@@ -125,7 +137,7 @@ class FedDSMICServer(ServerMethod):
             return F.softmax(self.ctx.module(state)(self.indicator), dim=1)
 
     def admit(self, node: str) -> None:
-        if self.models:
+        if self.groups:
             self.newcomers.add(node)  # a node that joins after the first clustering (§4.3)
 
     def knows(self, node: str) -> bool:
@@ -152,6 +164,8 @@ class FedDSMICServer(ServerMethod):
     def train_task(self, rnd: int, node: str) -> Task:
         if node in self.newcomers:
             return Task("train", [self.ctx.initial], {"epochs": self.options.warmup})
+        if self.options.init == "random" and node not in self.groups:  # not yet placed: it trains its w_i^0
+            return self._first(node)
         task = super().train_task(rnd, node)
         task.meta["maml"] = self.maml
         return task
