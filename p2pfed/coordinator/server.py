@@ -27,7 +27,7 @@ from torch import nn
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
-from p2pfed.learn.partition import Partition
+from p2pfed.learn.partition import Partition, server_samples
 from p2pfed.learn.train import state_of
 from p2pfed.methods import make_server
 from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
@@ -81,11 +81,15 @@ class Coordinator:
 
     def indicator_samples(self, per_class: int) -> torch.Tensor:
         """per_class training inputs of every class, drawn with the scenario's seed: samples a method's
-        server may hold (its indicator samples)."""
-        gen = np.random.default_rng(self.seed + 7919)
+        server may hold (its indicator samples). With data.server_per_class set, the partition dealt none of
+        them to a node (paper 000's protocol): these are the first per_class of each class's set-aside samples;
+        else they may also be in some node's shard."""
         y = self.dataset.y_train.numpy()
-        picks = [gen.choice(np.flatnonzero(y == c), size=min(per_class, int((y == c).sum())), replace=False)
-                 for c in range(self._shape[1]) if (y == c).any()]
+        held = self.scenario.data.server_per_class
+        if not held:
+            return self.dataset.x_train[server_samples(y, per_class, self.seed)]
+        kept = server_samples(y, held, self.seed)
+        picks = [kept[y[kept] == c][:per_class] for c in np.unique(y[kept])]
         return self.dataset.x_train[np.sort(np.concatenate(picks))]
 
     async def ask(self, nodes: list[str], tasks: dict[str, Task], timeout: float | None = None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import torch
 
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.learn.datasets import Dataset, load_dataset
-from p2pfed.learn.partition import Partition
+from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.methods import MOVED, is_central, load_checked
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
@@ -53,7 +53,10 @@ def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
     """The dataset and the partition every node derives from the scenario (dealing out the samples' labels,
     or their groups, such as a word's language)."""
     dataset = load_dataset(scenario.data.dataset, scenario.data.root or None, scenario.seed)
-    partition = scenario.data.partition.build(*dataset.keys(), scenario.nodes, scenario.seed,
+    y_train, y_test = dataset.keys()
+    if scenario.data.server_per_class:  # the server's samples first, the rest dealt to the nodes
+        y_train = without(y_train, server_samples(y_train, scenario.data.server_per_class, scenario.seed))
+    partition = scenario.data.partition.build(y_train, y_test, scenario.nodes, scenario.seed,
                                               scenario.data.val_fraction)
     return dataset, partition
 

@@ -44,6 +44,24 @@ class Partition:
         return any(c >= 0 for c in self.true_cluster)
 
 
+def server_samples(y_train: np.ndarray, per_class: int, seed: int) -> np.ndarray:
+    """The training samples a server holds, per_class of every class (all of a class with fewer), drawn with
+    the scenario's seed: FedDSMIC's indicator samples (paper 000 draws 10 per class "before partitioning
+    the client data"). The same draw on every machine; sorted indices into the training split."""
+    gen = np.random.default_rng(seed + 7919)
+    picks = [gen.choice(np.flatnonzero(y_train == c), size=min(per_class, int((y_train == c).sum())), replace=False)
+             for c in range(int(y_train.max()) + 1) if (y_train == c).any()]
+    return np.sort(np.concatenate(picks)) if picks else np.empty(0, np.int64)
+
+
+def without(y_train: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """The training labels with the held samples marked -1, a label no partition deals: the partition then
+    deals the rest (every partition picks samples by their label)."""
+    y = np.array(y_train, copy=True)
+    y[held] = -1
+    return y
+
+
 def _split_evenly(indices: np.ndarray, parts: int) -> list[np.ndarray]:
     return [np.asarray(p) for p in np.array_split(indices, parts)]
 

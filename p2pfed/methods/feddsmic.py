@@ -24,8 +24,10 @@ centers follow by Eq. 17.
 
 Choices where the paper is silent, and why:
 - C is given (``k``, default the true number).
-- Indicator samples are drawn from the training split; our partitions do not set them aside first, so
-  a handful may also be in some node's shard (10 per class of tens of thousands).
+- Indicator samples are drawn from the training split. Paper 000 sets them aside before partitioning:
+  ``data.server_per_class`` does that (the indicator samples are then the first ``indicator_per_class`` of
+  each class's set-aside samples). Without it (the default, so earlier runs stay as they were) a handful may
+  also be in some node's shard (10 per class of tens of thousands).
 - A node that joins later (§4.3: "first train on its local dataset for a few epochs and choose the most
   similar center") gets the shared initial model and ``warmup`` local epochs the first time it
   trains; its model places it by Eq. 6–7 and is not averaged into any center.
@@ -51,6 +53,7 @@ from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, maml_first_order, personalise, state_of, weighted_average
 from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, kmeans_groups
 from p2pfed.methods.options import ClusteredOptions
+from p2pfed.scenario.config import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,13 @@ class FedDSMICOptions(ClusteredOptions):
                               f"{self.indicator_per_class}, {self.inner_lr}, {self.warmup})")
         if self.init not in ("kmeans", "random"):
             raise ConfigError(f"{where}init must be kmeans or random (got {self.init[:40]!r})")
+
+    def within(self, scenario: Scenario, where: str) -> None:
+        super().within(scenario, where)
+        held = scenario.data.server_per_class
+        if held and self.indicator_per_class > held:
+            raise ConfigError(f"{where}indicator_per_class ({self.indicator_per_class}) must not exceed "
+                              f"data.server_per_class ({held}): the server holds only those")
 
 
 class FedDSMICServer(ServerMethod):

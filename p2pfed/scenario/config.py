@@ -40,6 +40,9 @@ class DataConfig:
     # cap on each node's validation samples (0: no cap): with max_train, a scarce node keeps val_fraction's
     # 80/20 split (max_train = 40, max_val = 10) instead of holding far more samples out than it trains on
     max_val: int = 0
+    # training samples per class set aside for the server before the partition deals the rest (0: none): paper
+    # 000 draws its 10 indicator samples per class "before assigning the data to the client"
+    server_per_class: int = 0
     # the [data.partition] table: kind (the partition's name) and that partition's own options
     # (learn/partition.py), filled by load_scenario
     partition: PartitionOptions = field(default_factory=Pathological)
@@ -174,6 +177,7 @@ class Scenario:
             (0 <= self.data.val_fraction < 1, "data.val_fraction must be in [0, 1)"),
             (self.data.max_train >= 0 and self.data.max_val >= 0,
              "data.max_train and data.max_val must be >= 0 (0: no cap)"),
+            (0 <= self.data.server_per_class <= 10_000, "data.server_per_class must be in [0, 10000]"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
         ]

@@ -15,8 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from p2pfed.config import ConfigError
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.runner import mesh_options, prepare_data, run_scenario
+from p2pfed.learn.partition import server_samples
+from p2pfed.methods import load_checked
 from p2pfed.methods.central import Task, pack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.node.client import CentralNode
@@ -218,3 +221,27 @@ async def test_the_coordinator_waits_for_the_nodes_it_is_told_to_wait_for_and_ot
     rounds, _ = scripted(alone, [], lambda call, node: True)
     await asyncio.wait_for(alone.run(), 10)  # the defaults: nobody to wait for
     assert [r for r, _ in rounds] == [0, 1, 2, 3] and rounds[0][1] < 1
+
+
+async def test_the_servers_samples_are_set_aside_before_the_nodes_get_theirs(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    path = write(tmp_path, methods='["feddsmic"]')
+    shrink(path, nodes=3, clusters=1, rounds=4)
+    text = path.read_text().replace("[data]\n", "[data]\nserver_per_class = 4\n")
+    path.write_text(text.replace("[methods.pfedlia-p2p]", "[methods.feddsmic]\nindicator_per_class = 3\n"
+                                 "[methods.pfedlia-p2p]"))
+    scenario = load_checked(path)
+    dataset, partition = prepare_data(scenario)
+    held = set(server_samples(dataset.y_train.numpy(), 4, scenario.seed).tolist())
+    assert len(held) == 40  # digits: 4 of each of its 10 classes
+    dealt = {int(i) for s in partition.shards for i in [*s.train, *s.val]}
+    assert not held & dealt and len(dealt) == len(dataset.y_train) - 40  # every other sample is dealt
+    coordinator = Coordinator(scenario, "feddsmic", members("coordinator", "coordinator"), dataset, partition,
+                              tmp_path)
+    indicators = coordinator.indicator_samples(3)
+    assert len(indicators) == 30
+    x = dataset.x_train
+    assert all(any(torch.equal(row, x[i]) for i in held) for row in indicators)  # the server's own samples
+    path.write_text(path.read_text().replace("indicator_per_class = 3", "indicator_per_class = 5"))
+    with pytest.raises(ConfigError, match=re.escape("indicator_per_class (5) must not exceed data.server_per_class")):
+        load_checked(path)

@@ -204,3 +204,16 @@ def test_own_npz_data(tmp_path) -> None:
     np.savez(tmp_path / "bad.npz", a=np.zeros(3))
     with pytest.raises(DatasetUnavailable, match="'x' and 'y'"):
         load_dataset(str(tmp_path / "bad.npz"))
+
+
+@pytest.mark.parametrize("kind", ["pathological", "noisy", "dirichlet", "iid", "cluster-dirichlet", "cluster-nclass",
+                                  "cluster-label-dirichlet", "nclass", "dominant", "missing", "feature"])
+def test_no_partition_deals_the_samples_set_aside_for_the_server(kind: str) -> None:
+    from p2pfed.learn.partition import server_samples, without
+
+    held = server_samples(Y_TRAIN, 5, seed=3)
+    assert len(held) == 50 and np.array_equal(held, server_samples(Y_TRAIN, 5, seed=3))
+    assert (np.bincount(Y_TRAIN[held], minlength=10) == 5).all()
+    p = make_partition(kind, without(Y_TRAIN, held), Y_TEST, 20, seed=3)
+    dealt = np.concatenate([all_indices(p, "train"), all_indices(p, "val")])
+    assert not set(held.tolist()) & set(dealt.tolist())
