@@ -50,8 +50,10 @@ def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: 
                  lr: float, seed: int, device: torch.device, momentum: float = 0.0,
                  weight_decay: float = 0.0, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
                  loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 task: LearningTask = CLASSIFICATION) -> float:
-    """SGD over (x, y) for some epochs in shuffled mini-batches; return the last epoch's mean loss.
+                 task: LearningTask = CLASSIFICATION, steps: int = 0) -> float:
+    """SGD over (x, y) for some epochs in shuffled mini-batches; return the last epoch's mean loss. With
+    steps > 0, exactly that many mini-batch steps instead (local steps τ, as papers 000 and 001 count local
+    work), through as many shuffled epochs as they take; the loss is then the mean over the last epoch's steps.
 
     penalty, if given, is added to every mini-batch's loss (FedProx's proximal term, FeSEM's distance to
     the cluster center); the returned loss is the data loss alone. loss_fn(model, x, y), if given,
@@ -62,16 +64,20 @@ def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: 
     model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     x, y = x.to(device), y.to(device)
-    last = 0.0
+    if steps > 0:
+        epochs = -(-steps // -(-len(y) // batch_size))  # the epochs τ steps reach into
+    last, done = 0.0, 0
     for batches in _epochs(len(y), epochs, batch_size, seed, device):
-        total = 0.0
-        for idx in batches:
+        total, seen = 0.0, 0
+        for idx in batches[: steps - done] if steps > 0 else batches:
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, x[idx], y[idx]) if loss_fn else task.loss(model(x[idx]), y[idx])
             (loss + penalty(model) if penalty is not None else loss).backward()
             opt.step()
             total += float(loss.detach()) * len(idx)
-        last = total / len(y)
+            seen += len(idx)
+            done += 1
+        last = total / seen if seen else last
     return last
 
 

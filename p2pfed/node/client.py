@@ -113,10 +113,12 @@ class CentralNode(LocalNode):
 
     async def fit(self, module: nn.Module, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
                   epochs: int | None = None, loss_fn: LossFn | None = None) -> float:
-        """Train any module on this node's training data with the scenario's settings; return the loss."""
+        """Train any module on this node's training data with the scenario's settings (its local steps τ, or
+        epochs; epochs a method asks for, such as a warm-up, are epochs); return the loss."""
         return await asyncio.to_thread(
             train_epochs, module, self.data.x_train, self.data.y_train, epochs=epochs or self.cfg.epochs,
             batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
+            weight_decay=self.cfg.weight_decay, steps=0 if epochs else self.cfg.steps,
             seed=self.round_seed, device=self.device, penalty=penalty, loss_fn=loss_fn, task=self.task)
 
     @property

@@ -306,6 +306,7 @@ class LearningNode(LocalNode):
             train_loss = await asyncio.to_thread(
                 train_epochs, self.model, self.data.x_train, self.data.y_train, epochs=self.cfg.epochs,
                 batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
+                weight_decay=self.cfg.weight_decay, steps=self.cfg.steps,
                 seed=round_seed(seed, self.index, rnd), device=self.device, task=self.task)
             await self.send_model(self.method.subscribers(rnd), "model", self.current_state())
         expected = {p for p in self.method.sources(rnd)

@@ -62,6 +62,8 @@ class TrainConfig:
     batch_size: int = 16
     lr: float = 0.05
     momentum: float = 0.0
+    weight_decay: float = 0.0  # the optimiser's L2 weight decay (paper 004: 1e-5)
+    steps: int = 0  # local mini-batch steps τ per round instead of epochs (0: epochs; paper 000: 20, 001: 10)
     participation: float = 1.0
     round_timeout: float = 60.0
     device: str = "auto"
@@ -180,6 +182,8 @@ class Scenario:
             (0 <= self.data.server_per_class <= 10_000, "data.server_per_class must be in [0, 10000]"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
+            (0 <= self.train.momentum < 1 and 0 <= self.train.weight_decay < 1 and 0 <= self.train.steps <= 100_000,
+             "train.momentum and train.weight_decay must be in [0, 1) and train.steps in [0, 100000] (0: epochs)"),
         ]
 
     def _check_scripted(self, where: str) -> None:

@@ -4,6 +4,7 @@ first-order MAML and one-step personalisation (paper 000); the device."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -246,3 +247,34 @@ def test_the_round_seed_differs_per_node_and_round_and_never_changes() -> None:
     assert round_seed(0, 0, 0) == 0 and round_seed(1, 2, 3) == 100003 + 2 * 1009 + 3
     seeds = {round_seed(7, i, r) for i in range(50) for r in range(99)}
     assert len(seeds) == 50 * 99
+
+
+def test_local_steps_take_exactly_that_many_mini_batches_through_as_many_epochs() -> None:
+    x, y = data(20)  # batches of 8: 3 a pass (8, 8, 4)
+    calls: list[int] = []
+
+    def counted(m: nn.Module) -> torch.Tensor:  # the penalty is added once per step
+        calls.append(1)
+        return torch.zeros(())
+
+    for steps in (7, 3, 2):
+        calls.clear()
+        train_epochs(linear(), x, y, epochs=1, batch_size=8, lr=0.1, seed=1, device=CPU, steps=steps, penalty=counted)
+        assert len(calls) == steps
+    by_steps, by_epochs = linear(), linear()  # three steps over 20 samples are one epoch, the same one
+    a = train_epochs(by_steps, x, y, epochs=5, batch_size=8, lr=0.1, seed=1, device=CPU, steps=3)
+    b = train_epochs(by_epochs, x, y, epochs=1, batch_size=8, lr=0.1, seed=1, device=CPU)
+    assert a == b and torch.equal(state_of(by_steps)["weight"], state_of(by_epochs)["weight"])
+
+
+def test_a_nodes_training_takes_the_scenarios_steps_and_weight_decay(tmp_path: Path) -> None:
+    from p2pfed.config import ConfigError
+    from p2pfed.scenario.config import load_scenario
+
+    path = tmp_path / "s.toml"
+    path.write_text("[scenario]\nnodes = 5\n[train]\nsteps = 20\nweight_decay = 1e-5\nmomentum = 0.9\n")
+    cfg = load_scenario(path).train
+    assert (cfg.steps, cfg.weight_decay, cfg.momentum) == (20, 1e-5, 0.9)
+    path.write_text("[scenario]\nnodes = 5\n[train]\nsteps = -1\n")
+    with pytest.raises(ConfigError, match=r"train\.steps in"):
+        load_scenario(path)
