@@ -13,6 +13,7 @@ from p2pfed.methods.baselines import FedAvg, Local, Oracle
 from p2pfed.methods.cam import FeSEMCAMServer, IFCACAMServer
 from p2pfed.methods.central import ClientContext, ClientMethod, ServerContext, ServerMethod
 from p2pfed.methods.cfl import CFLServer
+from p2pfed.methods.ensemble import FedAvgEnsembleServer, FedProxEnsembleServer
 from p2pfed.methods.fedavg import FedAvgServer, LocalServer, OracleServer
 from p2pfed.methods.fedavgm import FedAvgMServer
 from p2pfed.methods.feddsmic import FedDSMICServer, FedDSServer
@@ -20,6 +21,7 @@ from p2pfed.methods.fedfm import FedFML2Server, FedFMLiteServer, FedFMServer
 from p2pfed.methods.fedfomo import FedFomoServer
 from p2pfed.methods.fedproto import FedProtoServer
 from p2pfed.methods.fedprox import FedProxServer
+from p2pfed.methods.fedprox_fm import FedProxFMServer
 from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.ifca import IFCAServer
 from p2pfed.methods.options import MethodOptions, options_of
@@ -34,7 +36,7 @@ CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     FedAvgServer, FedProxServer, LocalServer, OracleServer, FeSEMServer, IFCAServer, CFLServer,
     PFedLIACentralServer, PFedLIACentralPaperServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
     FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer, FedAvgMServer,
-    ScaffoldServer)}
+    ScaffoldServer, FedAvgEnsembleServer, FedProxEnsembleServer, FedProxFMServer)}
 METHODS = (*CENTRAL, *REGISTRY)
 OPTIONS: dict[str, type[MethodOptions] | None] = {
     **{m: c.options_type for m, c in CENTRAL.items()}, **{m: c.options_type for m, c in REGISTRY.items()}}

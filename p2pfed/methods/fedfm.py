@@ -45,9 +45,10 @@ from torch.nn import functional as F
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.models import features_and_logits
-from p2pfed.learn.train import Evaluation, state_of, weighted_average
-from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update
+from p2pfed.learn.train import Evaluation, distance_penalty, state_of, weighted_average
+from p2pfed.methods.central import ClientMethod, Task, Update
 from p2pfed.methods.class_tables import class_mean, class_prototypes, global_table, head_classes, local_table
+from p2pfed.methods.fedavg import FedAvgServer
 from p2pfed.methods.options import MethodOptions
 from p2pfed.wire import WireError
 
@@ -76,7 +77,8 @@ def matching_loss(feats: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, h
 
 
 class FedFMClient(ClientMethod):
-    """Local anchors (compute tasks) and training with the matching loss (λ and α: the options')."""
+    """Local anchors (compute tasks) and training with the matching loss (λ and α: the options'); a ``penalty``
+    in the task's meta adds coef/2·||w − w_global||², as the base node side does (FedProx + FM)."""
 
     options: FedFMOptions
 
@@ -109,7 +111,9 @@ class FedFMClient(ClientMethod):
             return loss + lam * matching_loss(feats, y, anchors.to(feats.device), have.to(y.device), kind,
                                               temperature)
 
-        loss = await self.node.fit(model, loss_fn=loss_fn)
+        coef = float(task.meta.get("penalty", 0.0))  # to the global model, sent now or kept from the anchor step
+        penalty = distance_penalty(state_of(model), coef, self.node.device) if coef else None
+        loss = await self.node.fit(model, penalty, loss_fn=loss_fn)
         aux: dict[str, torch.Tensor] = {}
         if task.meta.get("lite"):  # FedFM-Lite: anchors of the trained model, in the same exchange
             mine, counts = await self.node.run_on_train(
@@ -155,7 +159,7 @@ class FedFMLiteOptions(FedFMOptions):
             raise ConfigError(f"{where}every must be >= 1 (got {self.every})")
 
 
-class FedFMServer(ServerMethod):
+class FedFMServer(FedAvgServer):
     """FedAvg plus global anchors; the matching loss in local training from round T_s."""
 
     name = "fedfm"

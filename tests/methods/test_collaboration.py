@@ -60,7 +60,9 @@ LIA = "warmup_rounds = 3\nlia_epochs = 10\nlia_batch = 60"
 OPTIONS = {
     "pfedlia-p2p": LIA, "pfedlia-central": LIA,
     **dict.fromkeys(["ifca-cam", "fesem-cam", "feddsmic", "fedds"], "warmup = 3"),
-    **dict.fromkeys(["fedfm", "fedfm-l2", "fedfm-lite"], "start = 3"),
+    **dict.fromkeys(["fedfm", "fedfm-l2", "fedfm-lite", "fedprox-fm"], "start = 3"),
+    # the iid partition is one cluster: K = 1 would be FedAvg itself; paper 001's tables use K = 5 and 10
+    **dict.fromkeys(["fedavg-ensemble", "fedprox-ensemble"], "k = 3"),
     # CFL's thresholds are scale-dependent (see scenarios/compare-digits.toml): here a round's updates measure
     # ||mean ΔW|| ≈ 0.2–0.3 and max ||ΔW|| ≈ 0.9–1.3 before any split.
     "cfl": "eps1 = 0.35\neps2 = 0.6\nwarmup = 3",
@@ -133,7 +135,7 @@ def test_fedfomo_weights_peers_by_how_much_they_help_and_beats_local_and_fedavg(
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedavg-p2p", "fedprox", "fedfm", "fedfm-l2", "perfedavg", "fedavgm",
-                                    "scaffold"])
+                                    "scaffold", "fedavg-ensemble", "fedprox-ensemble", "fedprox-fm"])
 def test_a_global_model_beats_local_training_when_data_is_scarce_and_alike(runs: Runs, method: str) -> None:
     assert runs.accuracy("iid", method) > runs.accuracy("iid", "local") + 0.15, runs("iid", method)
 
