@@ -1,0 +1,122 @@
+"""FedProx + FM (paper 004, Fig. 8a): FedFM's rounds whose train tasks all carry FedProx's μ, the proximal term
+to the global model a node trains from (sent, or kept from the anchor step), and the options."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from p2pfed.config import ConfigError
+from p2pfed.learn.tasks import CLASSIFICATION
+from p2pfed.learn.train import state_of, train_epochs
+from p2pfed.methods import load_checked
+from p2pfed.methods.central import Task, Update
+from p2pfed.methods.fedfm import FedFMClient, FedFMOptions
+from p2pfed.methods.fedprox_fm import FedProxFMOptions, FedProxFMServer
+from tests.methods.fake import FakeCoordinator
+from tests.scenario.test_mesh_learning import shrink, write
+
+CPU = torch.device("cpu")
+
+
+def ctx() -> FakeCoordinator:
+    def answer(node: str, task: Task) -> Update:
+        return Update(None, 1, {}, aux={"anchors": torch.eye(3, 2), "counts": torch.ones(3)})
+
+    coordinator = FakeCoordinator(answer)
+    coordinator.initial = {"head.weight": torch.zeros(3, 2), "head.bias": torch.zeros(3)}
+    return coordinator
+
+
+def test_every_train_task_carries_mu_before_and_after_feature_matching_starts() -> None:
+    server = FedProxFMServer(ctx(), FedProxFMOptions(start=1, mu=0.2))
+    assert FedProxFMServer.client is FedFMClient and FedProxFMServer.tasks == frozenset({"classification"})
+    asyncio.run(server.before_round(0, ["a"]))
+    before = server.train_task(0, "a")
+    assert before.meta == {"penalty": 0.2} and len(before.models) == 1  # FedProx before T_s
+    asyncio.run(server.before_round(1, ["a"]))
+    after = server.train_task(1, "a")
+    assert after.meta["fm"] == 1 and after.meta["penalty"] == 0.2 and "anchors" in after.aux
+    assert after.models == [] and len(server.train_task(1, "b").models) == 1  # a holds the global model
+    assert "penalty" not in server.eval_task("a").meta
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(2, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+class FakeNode:
+    """A node with 20 random samples of 3 classes, trained by the real loop."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(20, 2, generator=gen), torch.randint(0, 3, (20,), generator=gen)
+        self.device, self.task = CPU, CLASSIFICATION
+        torch.manual_seed(0)
+        self.own = Net()
+
+    async def fit(self, module: nn.Module, penalty: Any = None, epochs: Any = None, loss_fn: Any = None) -> float:
+        return train_epochs(module, self.x, self.y, epochs=3, batch_size=4, lr=0.1, seed=0, device=CPU,
+                            penalty=penalty, loss_fn=loss_fn)
+
+    async def run_on_train(self, fn: Any) -> Any:
+        return fn(self.x, self.y)
+
+
+def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return float(sum(((a[k] - b[k]) ** 2).sum() for k in a))
+
+
+def test_the_proximal_term_pulls_towards_the_global_model_sent_or_kept_from_the_anchor_step() -> None:
+    global_model = state_of(Net())
+    anchors = {"anchors": torch.eye(3, 4), "have": torch.ones(3, dtype=torch.uint8)}
+    meta = {"fm": 1, "loss": "cg", "classes": 3}
+
+    def train(task: Task, compute_first: bool = False) -> dict[str, torch.Tensor]:
+        client = FedFMClient(FakeNode(), FedFMOptions())  # type: ignore[arg-type]
+        if compute_first:  # the anchor step loads the global model; the train task then sends none
+            asyncio.run(client.compute(Task("compute", [global_model], {"classes": 3})))
+        update, _ = asyncio.run(client.train(task))
+        assert update.state is not None
+        return update.state
+
+    fm = train(Task("train", [global_model], meta, aux=anchors))
+    prox = train(Task("train", [global_model], {**meta, "penalty": 2.0}, aux=anchors))
+    kept = train(Task("train", [], {**meta, "penalty": 2.0}, aux=anchors), compute_first=True)
+    assert distance(prox, global_model) < 0.5 * distance(fm, global_model)
+    assert all(torch.allclose(kept[k], prox[k]) for k in prox)
+
+
+def scenario_file(tmp_path: Path, table: str) -> Path:
+    path = write(tmp_path, methods='["fedprox-fm"]')
+    shrink(path, nodes=4, clusters=2, rounds=4)
+    path.write_text(path.read_text() + f"\n[methods.fedprox-fm]\n{table}\n")
+    return path
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ("mu = -1", "methods.fedprox-fm.mu must be >= 0 (got -1.0)"),
+    ("lam = -1", "methods.fedprox-fm.lam and start must be >= 0 and temperature > 0"),
+    ("every = 2", "methods.fedprox-fm.every is not a known key (known: lam, mu, start, temperature, uniform)"),
+])
+def test_an_option_that_cannot_work_is_named_with_its_file_and_key(tmp_path: Path, table: str, message: str) -> None:
+    path = scenario_file(tmp_path, table)
+    with pytest.raises(ConfigError) as caught:
+        load_checked(path)
+    assert str(path) in str(caught.value) and message in str(caught.value)
+
+
+def test_the_options_are_fedfms_and_fedprox_mu_from_the_methods_own_table(tmp_path: Path) -> None:
+    options = FedProxFMServer.options_from(load_checked(scenario_file(tmp_path, "mu = 0.5\nstart = 2")))
+    assert options == FedProxFMOptions(mu=0.5, start=2)
