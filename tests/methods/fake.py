@@ -8,7 +8,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from p2pfed.learn.tasks import CLASSIFICATION
+from p2pfed.learn.train import Evaluation, evaluate, train_epochs
 from p2pfed.methods.central import Task
+
+CPU = torch.device("cpu")
 
 
 class FakeCoordinator:
@@ -42,3 +46,52 @@ class FakeCoordinator:
 
 def vec(*xs: float) -> dict[str, torch.Tensor]:
     return {"w": torch.tensor(xs, dtype=torch.float32)}
+
+
+class Net(nn.Module):
+    """A two-layer classifier of 2 inputs into 3 classes, with a head (methods that match features use it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(2, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+class FakeNode:
+    """A node side's node with 20 random samples of 3 classes, trained and tested by the real loops (epochs
+    of batches of 4 at lr 0.1); it counts its fits."""
+
+    def __init__(self, epochs: int = 2) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(20, 2, generator=gen), torch.randint(0, 3, (20,), generator=gen)
+        self.device, self.task, self.epochs, self.fits = CPU, CLASSIFICATION, epochs, 0
+        torch.manual_seed(0)
+        self.model = Net()
+
+    @property
+    def own(self) -> nn.Module:
+        return self.model
+
+    async def fit(self, module: nn.Module, penalty: Any = None, epochs: Any = None, loss_fn: Any = None) -> float:
+        self.fits += 1
+        return train_epochs(module, self.x, self.y, epochs=self.epochs, batch_size=4, lr=0.1, seed=0, device=CPU,
+                            penalty=penalty, loss_fn=loss_fn)
+
+    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
+        model = Net()
+        model.load_state_dict(state if state is not None else self.model.state_dict())
+        return model
+
+    async def test(self, module: nn.Module) -> Evaluation:
+        return evaluate(module, self.x, self.y, CPU)
+
+    async def run_on_train(self, fn: Any) -> Any:
+        return fn(self.x, self.y)
+
+
+def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The squared distance between two models."""
+    return float(sum(((a[k] - b[k]) ** 2).sum() for k in a))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 from p2pfed.config import ConfigError
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.tasks import NEXT_TOKEN
-from p2pfed.learn.train import Evaluation, evaluate, state_of, train_epochs
+from p2pfed.learn.train import evaluate, state_of, train_epochs
 from p2pfed.methods import load_checked
 from p2pfed.methods.central import Task, Update
 from p2pfed.methods.ensemble import (
@@ -28,10 +27,8 @@ from p2pfed.methods.ensemble import (
     SoftVote,
 )
 from p2pfed.wire import WireError
-from tests.methods.fake import FakeCoordinator, vec
+from tests.methods.fake import CPU, FakeCoordinator, FakeNode, Net, distance, vec
 from tests.scenario.test_mesh_learning import shrink, write
-
-CPU = torch.device("cpu")
 
 
 # -- the coordinator ---------------------------------------------------------------------------------
@@ -124,48 +121,10 @@ def test_the_soft_vote_takes_the_highest_mean_probability_not_the_most_arg_maxes
 
 
 # -- the node ----------------------------------------------------------------------------------------
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(2, 4)
-        self.head = nn.Linear(4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.body(x)))
-
-
-class FakeNode:
-    """A node with 20 random samples of 3 classes, trained and tested by the real loops; it counts its fits."""
-
-    def __init__(self) -> None:
-        gen = torch.Generator().manual_seed(0)
-        self.x, self.y = torch.randn(20, 2, generator=gen), torch.randint(0, 3, (20,), generator=gen)
-        self.device, self.fits = CPU, 0
-        torch.manual_seed(0)
-        self.model = Net()
-
-    async def fit(self, module: nn.Module, penalty: Any = None, epochs: Any = None, loss_fn: Any = None) -> float:
-        self.fits += 1
-        return train_epochs(module, self.x, self.y, epochs=2, batch_size=4, lr=0.1, seed=0, device=CPU,
-                            penalty=penalty)
-
-    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
-        model = Net()
-        model.load_state_dict(state if state is not None else self.model.state_dict())
-        return model
-
-    async def test(self, module: nn.Module) -> Evaluation:
-        return evaluate(module, self.x, self.y, CPU)
-
-
 def trained(node: FakeNode, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     model = node.new_model(start)
     train_epochs(model, node.x, node.y, epochs=2, batch_size=4, lr=0.1, seed=0, device=CPU)
     return state_of(model)
-
-
-def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return float(sum(((a[k] - b[k]) ** 2).sum() for k in a))
 
 
 def test_a_node_trains_each_member_from_its_own_start_by_its_own_local_training() -> None:

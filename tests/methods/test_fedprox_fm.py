@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from p2pfed.config import ConfigError
-from p2pfed.learn.tasks import CLASSIFICATION
-from p2pfed.learn.train import state_of, train_epochs
+from p2pfed.learn.train import state_of
 from p2pfed.methods import load_checked
 from p2pfed.methods.central import Task, Update
 from p2pfed.methods.fedfm import FedFMClient, FedFMOptions
 from p2pfed.methods.fedprox_fm import FedProxFMOptions, FedProxFMServer
-from tests.methods.fake import FakeCoordinator
+from tests.methods.fake import FakeCoordinator, FakeNode, Net, distance
 from tests.scenario.test_mesh_learning import shrink, write
-
-CPU = torch.device("cpu")
 
 
 def ctx() -> FakeCoordinator:
@@ -46,45 +41,14 @@ def test_every_train_task_carries_mu_before_and_after_feature_matching_starts() 
     assert "penalty" not in server.eval_task("a").meta
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(2, 4)
-        self.head = nn.Linear(4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.body(x)))
-
-
-class FakeNode:
-    """A node with 20 random samples of 3 classes, trained by the real loop."""
-
-    def __init__(self) -> None:
-        gen = torch.Generator().manual_seed(0)
-        self.x, self.y = torch.randn(20, 2, generator=gen), torch.randint(0, 3, (20,), generator=gen)
-        self.device, self.task = CPU, CLASSIFICATION
-        torch.manual_seed(0)
-        self.own = Net()
-
-    async def fit(self, module: nn.Module, penalty: Any = None, epochs: Any = None, loss_fn: Any = None) -> float:
-        return train_epochs(module, self.x, self.y, epochs=3, batch_size=4, lr=0.1, seed=0, device=CPU,
-                            penalty=penalty, loss_fn=loss_fn)
-
-    async def run_on_train(self, fn: Any) -> Any:
-        return fn(self.x, self.y)
-
-
-def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return float(sum(((a[k] - b[k]) ** 2).sum() for k in a))
-
-
 def test_the_proximal_term_pulls_towards_the_global_model_sent_or_kept_from_the_anchor_step() -> None:
+    torch.manual_seed(1)  # a fixed global model: the test must not depend on what ran before it
     global_model = state_of(Net())
     anchors = {"anchors": torch.eye(3, 4), "have": torch.ones(3, dtype=torch.uint8)}
     meta = {"fm": 1, "loss": "cg", "classes": 3}
 
     def train(task: Task, compute_first: bool = False) -> dict[str, torch.Tensor]:
-        client = FedFMClient(FakeNode(), FedFMOptions())  # type: ignore[arg-type]
+        client = FedFMClient(FakeNode(epochs=3), FedFMOptions())  # type: ignore[arg-type]
         if compute_first:  # the anchor step loads the global model; the train task then sends none
             asyncio.run(client.compute(Task("compute", [global_model], {"classes": 3})))
         update, _ = asyncio.run(client.train(task))
