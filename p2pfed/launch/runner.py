@@ -436,7 +436,7 @@ def run_seeds(path: Path, out: Path, seeds: list[int], methods: list[str] | None
     seed's folder already holds to its end, with no node crashed, is not run again: the same command resumes
     an interrupted run. Everything that could refuse the run is checked before the first seed starts."""
     from p2pfed.config import ConfigError
-    from p2pfed.report.seeds import complete_methods, seed_dirs, seed_folder, write_seeds_report
+    from p2pfed.report.seeds import complete_methods, other_settings, seed_folder, write_seeds_report
 
     overrides = list(overrides or ())
     if any(o.partition("=")[0].strip() == "scenario.seed" for o in overrides):
@@ -448,12 +448,10 @@ def run_seeds(path: Path, out: Path, seeds: list[int], methods: list[str] | None
     scenario = load_checked(path, overrides)
     if methods and (unknown := [m for m in methods if m not in scenario.methods]):
         raise ConfigError(f"--methods: {', '.join(unknown)} not among {path}'s methods ({', '.join(scenario.methods)})")
-    for folder in seed_dirs(out).values():  # the report covers every seed folder: they must hold one experiment
-        if (folder / "scenario.toml").exists():
-            differ = scenario.differs_from(load_scenario(folder / "scenario.toml", moved=MOVED), "seed")
-            if differ:
-                raise ConfigError(f"{folder} holds a run of other settings ({', '.join(differ)} differ); the "
-                                  "report over seeds would mix them: choose another --out")
+    if found := other_settings(out, scenario):  # the report covers every seed folder: they must hold one experiment
+        folder, differ = found
+        raise ConfigError(f"{folder} holds a run of other settings ({', '.join(differ)} differ); the report over "
+                          "seeds would mix them: choose another --out")
     try:
         for seed in seeds:
             scenario, folder = prepare_run(path, seed_folder(out, seed), methods, [*overrides, f"scenario.seed={seed}"])

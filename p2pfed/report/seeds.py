@@ -33,7 +33,7 @@ from tabulate import tabulate
 from p2pfed.methods import MOVED
 from p2pfed.report.records import read_records
 from p2pfed.report.results import write_report
-from p2pfed.scenario.config import load_scenario
+from p2pfed.scenario.config import Scenario, load_scenario
 
 METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "worst5_accuracy", "best5_rounds_micro_accuracy",
            "macro_f1", "loss", "perplexity", "ari", "nmi", "bytes_sent", "seconds")
@@ -102,18 +102,26 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
+def other_settings(run_dir: Path, scenario: Scenario | None = None) -> tuple[Path, list[str]] | None:
+    """The first seed folder whose run has other settings (the seed aside) than scenario, or than the first
+    seed folder's run, with the settings that differ; None when they all hold one experiment."""
+    folders = [p for p in seed_dirs(run_dir).values() if (p / "scenario.toml").exists()]
+    for folder in folders:
+        theirs = load_scenario(folder / "scenario.toml", moved=MOVED)
+        if scenario is None:
+            scenario = theirs
+        elif differ := scenario.differs_from(theirs, "seed"):
+            return folder, differ
+    return None
+
+
 def check_same_settings(run_dir: Path) -> None:
     """Raise ValueError if the seeds' folders hold runs of different settings (the seed aside): their mean
     would mix two experiments."""
-    folders = [p for p in seed_dirs(run_dir).values() if (p / "scenario.toml").exists()]
-    if not folders:
-        return
-    first = load_scenario(folders[0] / "scenario.toml", moved=MOVED)
-    for other in folders[1:]:
-        differ = first.differs_from(load_scenario(other / "scenario.toml", moved=MOVED), "seed")
-        if differ:
-            raise ValueError(f"{folders[0].name} and {other.name} of {run_dir} hold runs of different settings "
-                             f"({', '.join(differ)} differ): a report over them would mix two experiments")
+    if found := other_settings(run_dir):
+        folder, differ = found
+        raise ValueError(f"{folder} holds a run of other settings than the seeds before it ({', '.join(differ)} "
+                         "differ): a report over them would mix two experiments")
 
 
 def write_seeds_report(run_dir: Path) -> dict[str, Any]:

@@ -126,3 +126,18 @@ def test_a_run_over_seeds_that_would_mix_experiments_is_refused_before_it_starts
     assert fake.asked == []  # refused before any seed ran
     with pytest.raises(ConfigError, match="holds a run over seeds"):
         runner.prepare_run(path, tmp_path / "run", None)  # nor does a run of one seed go into a folder of seeds
+
+
+def test_a_report_over_seed_folders_of_different_settings_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from p2pfed.report.seeds import write_seeds_report
+
+    path, out = tmp_path / "s.toml", tmp_path / "run"
+    path.write_text(SCENARIO)
+    monkeypatch.setattr(runner, "run_scenario", FakeRuns())
+    runner.run_seeds(path, out, [0, 1])
+    edited = out / "seed-1" / "scenario.toml"
+    edited.write_text(edited.read_text() + "\n[train]\nlr = 0.2\n")
+    with pytest.raises(ValueError, match=re.escape("seed-1 holds a run of other settings than the seeds before it "
+                                                   "(train differ)")):
+        write_seeds_report(out)
