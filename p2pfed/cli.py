@@ -168,13 +168,14 @@ def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
     """p2pfed run --seeds: the scenario once per seed, then the table of mean ± sd over the seeds."""
     import time
 
-    from p2pfed.launch.runner import log_to_run_folder, run_seeds
+    from p2pfed.launch.runner import check_seeds_run, log_to_run_folder, run_seeds
     from p2pfed.methods import load_checked
     from p2pfed.report.seeds import crash_lines, seeds_table
 
     path = Path(args.scenario)
-    name = load_checked(path, args.overrides).name  # a scenario that cannot run leaves no folder behind
+    name = load_checked(path, args.overrides).name
     out = Path(args.out) if args.out else Path("runs") / f"{name}-seeds-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_seeds_run(path, out, args.seeds, methods, args.overrides)  # a run that cannot start leaves no folder
     out.mkdir(parents=True, exist_ok=True)
     log_to_run_folder(out)
     with ProgressBars(enabled=not args.quiet) as bars:

@@ -131,3 +131,13 @@ def test_seeds_are_a_count_or_seeds_and_ranges(text: str, seeds: list[int]) -> N
 def test_bad_seeds_are_refused_with_the_forms_that_work(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="give a count"):
         parse_seeds(text)
+
+
+def test_a_run_over_seeds_that_is_refused_leaves_no_folder_behind(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from p2pfed.cli import main
+
+    path, out = tmp_path / "s.toml", tmp_path / "run"
+    path.write_text("[scenario]\nnodes = 4\n[data]\npartition.clusters = 2\n")
+    assert main(["run", str(path), "--seeds", "2", "--set", "scenario.seed=3", "--out", str(out)]) == 2
+    assert "leave --set scenario.seed out" in capsys.readouterr().err and not out.exists()

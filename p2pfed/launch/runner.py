@@ -429,14 +429,12 @@ def log_to_run_folder(out: Path) -> None:
             h.setLevel(logging.WARNING)
 
 
-def run_seeds(path: Path, out: Path, seeds: list[int], methods: list[str] | None = None,
-              overrides: list[str] | None = None, progress: Progress | None = None) -> bool:
-    """Run a scenario once per seed, each into its own run folder out/seed-S/, then write the report over the
-    seeds (report/seeds.py); return whether Ctrl-C cut it short (the report then covers what ran). A method a
-    seed's folder already holds to its end, with no node crashed, is not run again: the same command resumes
-    an interrupted run. Everything that could refuse the run is checked before the first seed starts."""
+def check_seeds_run(path: Path, out: Path, seeds: list[int], methods: list[str] | None = None,
+                    overrides: list[str] | None = None) -> Scenario:
+    """Everything that could refuse a run over seeds, checked before anything is run or written; return the
+    scenario (as the first seed would run it, but for the seed)."""
     from p2pfed.config import ConfigError
-    from p2pfed.report.seeds import complete_methods, other_settings, seed_folder, write_seeds_report
+    from p2pfed.report.seeds import other_settings
 
     overrides = list(overrides or ())
     if any(o.partition("=")[0].strip() == "scenario.seed" for o in overrides):
@@ -452,6 +450,19 @@ def run_seeds(path: Path, out: Path, seeds: list[int], methods: list[str] | None
         folder, differ = found
         raise ConfigError(f"{folder} holds a run of other settings ({', '.join(differ)} differ); the report over "
                           "seeds would mix them: choose another --out")
+    return scenario
+
+
+def run_seeds(path: Path, out: Path, seeds: list[int], methods: list[str] | None = None,
+              overrides: list[str] | None = None, progress: Progress | None = None) -> bool:
+    """Run a scenario once per seed, each into its own run folder out/seed-S/, then write the report over the
+    seeds (report/seeds.py); return whether Ctrl-C cut it short (the report then covers what ran). A method a
+    seed's folder already holds to its end, with no node crashed, is not run again: the same command resumes
+    an interrupted run. Everything that could refuse the run is checked before the first seed starts."""
+    from p2pfed.report.seeds import complete_methods, seed_folder, write_seeds_report
+
+    overrides = list(overrides or ())
+    check_seeds_run(path, out, seeds, methods, overrides)
     try:
         for seed in seeds:
             scenario, folder = prepare_run(path, seed_folder(out, seed), methods, [*overrides, f"scenario.seed={seed}"])
