@@ -138,6 +138,6 @@ def test_a_run_over_seeds_that_is_refused_leaves_no_folder_behind(tmp_path: Path
     from p2pfed.cli import main
 
     path, out = tmp_path / "s.toml", tmp_path / "run"
-    path.write_text("[scenario]\nnodes = 4\n[data]\npartition.clusters = 2\n")
+    path.write_text("[scenario]\nnodes = 4\nmethods = ['local']\n[data]\npartition.clusters = 2\n")
     assert main(["run", str(path), "--seeds", "2", "--set", "scenario.seed=3", "--out", str(out)]) == 2
     assert "leave --set scenario.seed out" in capsys.readouterr().err and not out.exists()
