@@ -99,7 +99,10 @@ def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_
     # ... and then trains with them: models from its chosen peers arrive in its rounds (a late joiner used to
     # finish its join ~35 rounds behind them and receive nothing for the rest of the run)
     late_rounds = [r for r in records(out, "pfedlia-p2p", "n08") if r["event"] == "round"]
-    assert sum(r["received"] >= 1 for r in late_rounds) >= 0.8 * len(late_rounds), late_rounds
+    # Under load (a shared 2-core CI machine) the first round or two after its choice may still miss the
+    # peers' models (they were a round ahead); the old failure was missing them all.
+    missed = sum(r["received"] == 0 for r in late_rounds)
+    assert len(late_rounds) >= 5 and missed <= max(2, len(late_rounds) // 5), late_rounds
     assert isinstance(summary["rounds_skipped"], int)  # catching up is recorded as skipped rounds
     # the crashed node came back from its checkpoint with its choice and finished
     n01 = records(out, "pfedlia-p2p", "n01")
