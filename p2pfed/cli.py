@@ -1,4 +1,4 @@
-"""The p2pfed command line: bootstrap, node, coordinator, mesh status, keys, run, report.
+"""The p2pfed command line: bootstrap, node, coordinator, mesh status, keys, run, report, export, predict.
 
 Only this module prints; the library logs.
 """
@@ -75,11 +75,22 @@ def cmd_node(args: argparse.Namespace) -> int:
         cfg.join = [args.coordinator]  # join the mesh through the coordinator itself
     if not cfg.join and not cfg.discovery:
         raise ConfigError("a node needs --join tcp://HOST:PORT (a bootstrap or any live node) or --discovery")
+    method = args.method or (None if args.coordinator else "pfedlia-p2p")
+    if args.data:
+        from p2pfed.launch.member import run_own_node
+
+        if not args.scenario:
+            raise ConfigError("--data needs --recipe FILE: the scenario file the mesh shares (model, method, "
+                              "training), e.g. node/recipe.toml")
+        if args.index != "0":
+            raise ConfigError("--data and --index exclude each other: a node with its own data has no shard")
+        return _run_until_signal(lambda stop: run_own_node(
+            cfg, Path(args.scenario), Path(args.data), args.method, Path(args.out), stop, coordinator=args.coordinator,
+            wait_for=args.wait_for))
     if args.scenario:
         from p2pfed.launch.member import parse_indices, run_learning_nodes
 
         indices = parse_indices(args.index)
-        method = args.method or (None if args.coordinator else "pfedlia-p2p")
         return _run_until_signal(lambda stop: run_learning_nodes(
             cfg, Path(args.scenario), indices, method, Path(args.out), stop, start_round=args.start_round,
             wait_for=args.wait_for, send_delay=args.send_delay, coordinator=args.coordinator))
@@ -258,6 +269,89 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a node's personalised model from its checkpoint as a model file of its own."""
+    from p2pfed.learn.export import export_model, node_checkpoints
+
+    source, out = Path(args.node_dir), Path(args.out)
+    if source.is_file():
+        checkpoint = source
+    else:
+        if not source.is_dir():
+            raise FileNotFoundError(f"{source}: no such node folder or checkpoint")
+        found = node_checkpoints(source)
+        if args.node:
+            if args.node not in found:
+                raise FileNotFoundError(f"{source} holds no checkpoint of {args.node} (it has: "
+                                        f"{', '.join(found) or 'none'})")
+            found = {args.node: found[args.node]}
+        if len(found) != 1:
+            raise ValueError(f"{source} holds no node checkpoint (NAME.safetensors)" if not found else
+                             f"{source} holds checkpoints of {', '.join(found)}: pick one with --node NAME")
+        checkpoint = next(iter(found.values()))
+    if out.is_dir():
+        out = out / f"{checkpoint.name.removesuffix('.safetensors')}-model.safetensors"
+    card = export_model(checkpoint, out)
+    print(f"{out}: {card.node}'s personalised {card.model} ({card.method}, after round {card.round}) for inputs "
+          f"{card.input_shape}, {card.num_classes} {'classes' if card.task == 'classification' else 'tokens'}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Predict the classes of inputs with an exported model; score them when labels are given."""
+    from p2pfed.learn.export import ExportedModel, read_inputs
+
+    model = ExportedModel.load(args.model)
+    x, y, names = read_inputs(Path(args.input), model.card)
+    probabilities = model.probabilities(x)
+    best, labels = probabilities.max(dim=1)
+    rows = [{"input": n, "class": int(c), "probability": round(float(p), 4)}
+            for n, c, p in zip(names, labels, best, strict=True)]
+    if y is not None:
+        for row, truth in zip(rows, y.tolist(), strict=True):
+            row["label"] = int(truth)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(tabulate(rows[: args.show] if args.show else rows, headers="keys"))
+        if args.show and len(rows) > args.show:
+            print(f"... {len(rows) - args.show} more (--show 0 prints all, --json prints JSON)")
+    if y is not None:
+        accuracy = float((labels == y).float().mean()) if len(y) else 0.0
+        print(f"accuracy {accuracy:.2%} on {len(y)} labelled inputs", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Rewrite checkpoints of an earlier p2pfed (pickle) as safetensors, once."""
+    from p2pfed.learn.checkpoint import convert
+
+    for old in args.files:
+        print(f"{old} -> {convert(Path(old))}")
+    return 0
+
+
+def _add_model_commands(sub: Any) -> None:
+    """export, predict, convert: a node's personalised model out of its checkpoint, and put to use."""
+    p = sub.add_parser("export", help="write a node's personalised model (safetensors, with its card)")
+    p.add_argument("node_dir", help="the node's folder (its --out), a run's method folder with --node, or a "
+                                    "checkpoint NAME.safetensors")
+    p.add_argument("out", help="the model file to write (or a folder: NAME-model.safetensors in it)")
+    p.add_argument("--node", help="which node's, when the folder holds several")
+    p.set_defaults(func=cmd_export, verbose=0)
+
+    p = sub.add_parser("predict", help="classify inputs with an exported model")
+    p.add_argument("model", help="a model file from p2pfed export")
+    p.add_argument("input", help="an .npz of x (and y to score), an .npy, an image or a folder of images")
+    p.add_argument("--json", action="store_true", help="print one JSON list")
+    p.add_argument("--show", type=int, default=20, help="rows of the table to print (0: all)")
+    p.set_defaults(func=cmd_predict, verbose=0)
+
+    p = sub.add_parser("convert", help="rewrite an earlier p2pfed's pickled checkpoints as safetensors")
+    p.add_argument("files", nargs="+", help="NAME.ckpt, NAME.kept or coordinator.ckpt files you wrote")
+    p.set_defaults(func=cmd_convert, verbose=0)
+
+
 def _add_member_args(p: argparse.ArgumentParser, join: bool) -> None:
     p.add_argument("--bind", help="address to listen on, tcp://IP:PORT (port 0 picks one)")
     if join:
@@ -280,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_member_commands(sub)
     _add_tool_commands(sub)
     _add_run_commands(sub)
+    _add_model_commands(sub)
     return parser
 
 
@@ -291,14 +386,19 @@ def _add_member_commands(sub: Any) -> None:
 
     p = sub.add_parser("node", help="start a node that joins a mesh")
     _add_member_args(p, join=True)
-    p.add_argument("--scenario", help="learn: take this node's shard and settings from a scenario TOML")
+    p.add_argument("--scenario", "--recipe", dest="scenario",
+                   help="learn: the scenario TOML the mesh shares (model, method, training); this node's shard of "
+                        "its data with --index, or its own data with --data")
+    p.add_argument("--data", help="this machine's own data: an .npz (x, y), a .csv (features and a label column) "
+                                  "or an ImageFolder; split here into training, validation and test, never sent")
     p.add_argument("--index", default="0",
                    help="with --scenario: this node's index (its shard), or several: 0-24 or 0,5,7")
     p.add_argument("--method", help="with --scenario: the method to run (default pfedlia-p2p, or the "
                                     "coordinator's with --coordinator)")
     p.add_argument("--coordinator", help="train under this coordinator (its name or tcp:// address); "
                                          "the method comes from it")
-    p.add_argument("--out", default="runs/node", help="with --scenario: folder for metrics and checkpoints")
+    p.add_argument("--out", default="runs/node", help="with --scenario: folder for metrics and checkpoints (and "
+                                                      "the node's model, for p2pfed export)")
     p.add_argument("--start-round", dest="start_round", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--wait-for", dest="wait_for", type=int, default=0,
                    help="with --scenario: wait until this many peers are alive before round 0")

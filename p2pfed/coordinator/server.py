@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from p2pfed.learn.checkpoint import load_own, save_atomic
+from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition, server_samples
@@ -62,7 +62,7 @@ class Coordinator:
         self.round = 0
         out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = out_dir / "coordinator.jsonl"
-        self.checkpoint_path = (state_dir or out_dir) / "coordinator.ckpt"
+        self.checkpoint_path = (state_dir or out_dir) / f"coordinator{SUFFIX}"
 
     # -- what a server-side method may use (methods/central.py: ServerContext) -------------------
     def build(self, seed: int) -> dict[str, torch.Tensor]:
@@ -212,6 +212,7 @@ class Coordinator:
 
     def restore(self) -> int:
         """Load the checkpoint if there is one; return the round to start from."""
+        refuse_old(self.checkpoint_path)
         if not self.checkpoint_path.exists():
             return 0
         ckpt = load_own(self.checkpoint_path)

@@ -84,7 +84,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
     coordinator's tasks; a decentralized method makes them LearningNodes that run their own rounds."""
     import torch
 
-    from p2pfed.launch.runner import prepare_data
+    from p2pfed.launch.runner import prepare_data, recipe_of
     from p2pfed.methods import is_central, load_checked
     from p2pfed.node.client import CentralNode
     from p2pfed.node.learner import LearningNode
@@ -104,6 +104,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
         for index in indices:
             cfg.name = scenario.node_name(index)
             endpoint = make_endpoint(cfg, "node")
+            endpoint.recipe = recipe_of(scenario, method, dataset)
             endpoints.append(endpoint)
             await endpoint.start(cfg.bind if len(indices) == 1 else "tcp://127.0.0.1:0", cfg.join,
                                  cfg.advertise or None)
@@ -127,6 +128,52 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
             await endpoint.stop()
 
 
+async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, method: str | None, out: Path,
+                       stop: asyncio.Event, *, coordinator: str | None = None, wait_for: int = 0) -> None:
+    """Run a node that trains on this machine's own data (data_path, learn/own.py) under the mesh's recipe (a
+    scenario file fixing model, method and training; its data partition is not used), until it finishes or
+    stop is set. Its method: method, else the coordinator's, else the recipe's first. Its data is checked
+    against the recipe before it joins; only models ever leave it."""
+
+    from p2pfed.launch.runner import recipe_of
+    from p2pfed.learn.own import Split, expected_shape, load_own_data
+    from p2pfed.learn.partition import Partition, Shard
+    from p2pfed.methods import is_central, load_checked
+    from p2pfed.node.client import CentralNode
+    from p2pfed.node.learner import LearningNode
+    from p2pfed.node.local import own_index
+
+    recipe = load_checked(recipe_path)
+    if method is None and coordinator is None:
+        method = recipe.methods[0]  # the recipe's (first) method
+    name = cfg.name or socket.gethostname()
+    shape, classes = expected_shape(recipe.data.dataset, recipe.data.input_shape, recipe.data.classes)
+    split = Split(recipe.data.val_fraction, recipe.data.test_fraction)
+    dataset, train, val, test = load_own_data(data_path, shape, classes, split, recipe.seed + own_index(name))
+    log.info("%s: own data %s: %d training, %d validation, %d test samples of %s, %d classes", name, data_path,
+             len(train), len(val), len(test), shape, classes)
+    partition = Partition([Shard(train, val, test, sorted(set(dataset.y_train.tolist())))], [-1])
+    use_scenario_mesh(cfg, recipe, method)
+    cfg.name = name
+    out.mkdir(parents=True, exist_ok=True)
+    endpoint = make_endpoint(cfg, "node")
+    endpoint.recipe = recipe_of(recipe, method, dataset)
+    await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
+    try:
+        if not await unless_stopped(stop, endpoint.wait_joined(JOIN_WAIT)):
+            return
+        node: LearningNode | CentralNode
+        if method is None or is_central(method):
+            node = CentralNode(recipe, 0, method, dataset, partition, endpoint, out, coordinator=coordinator,
+                               name=name)
+        else:
+            node = LearningNode(recipe, 0, method, dataset, partition, endpoint, out, name=name)
+        await unless_stopped(stop, node.run(0, wait_for_peers=wait_for))
+    finally:
+        await endpoint.stop()
+        log.info("%s: stopped", endpoint.name)
+
+
 async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out: Path, stop: asyncio.Event, *,
                           wait_for: int = 0, state_dir: Path | None = None) -> None:
     """Run the coordinator of a coordinated method over the mesh cfg describes, until the run ends or stop
@@ -134,7 +181,7 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     import torch
 
     from p2pfed.coordinator.server import Coordinator
-    from p2pfed.launch.runner import prepare_data
+    from p2pfed.launch.runner import prepare_data, recipe_of
     from p2pfed.methods import CENTRAL, REGISTRY, is_central, load_checked
 
     if method in REGISTRY:
@@ -147,6 +194,7 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
     endpoint = make_endpoint(cfg, "coordinator")
+    endpoint.recipe = recipe_of(scenario, method, dataset)
     await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
     try:
         if not await unless_stopped(stop, endpoint.wait_joined(JOIN_WAIT)):

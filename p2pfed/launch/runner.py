@@ -43,10 +43,21 @@ def mesh_options(scenario: Scenario, method: str) -> MeshOptions:
     return scenario.mesh_for(method).endpoint_options()[0]
 
 
-def member(scenario: Scenario, method: str, name: str, role: str = "node") -> Endpoint:
-    """An endpoint (not started) of the scenario's mesh for this method, with its timing and message cap."""
+def member(scenario: Scenario, method: str, name: str, role: str = "node", recipe: str = "") -> Endpoint:
+    """An endpoint (not started) of the scenario's mesh for this method, with its timing and message cap, and
+    the recipe it advertises (none for a bootstrap)."""
     options, transport = scenario.mesh_for(method).endpoint_options()
-    return Endpoint(name, role, options=options, transport_options=transport)
+    endpoint = Endpoint(name, role, options=options, transport_options=transport)
+    endpoint.recipe = recipe
+    return endpoint
+
+
+def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:
+    """The fingerprint a member training method on dataset's kind of data advertises ("" when the method is
+    not known yet: a node taking it from its coordinator)."""
+    if not method:
+        return ""
+    return scenario.fingerprint(method, dataset.input_shape, dataset.num_classes, dataset.task.name)
 
 
 def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
@@ -89,7 +100,7 @@ class InProcessMesh:
     async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0) -> None:
         assert self.boot is not None
         name = self.scenario.node_name(index)
-        endpoint = member(self.scenario, self.method, name)
+        endpoint = member(self.scenario, self.method, name, recipe=recipe_of(self.scenario, self.method, self.dataset))
         await endpoint.start("tcp://127.0.0.1:0", [self.boot.address])
         await endpoint.wait_joined(30)
         node: LearningNode | CentralNode
@@ -246,7 +257,8 @@ class Script:
 async def _start_coordinator(mesh: InProcessMesh, wait_for: int) -> tuple[Coordinator, asyncio.Task[None]]:
     """A coordinated method's coordinator, joined to the mesh and running."""
     assert mesh.boot is not None
-    endpoint = member(mesh.scenario, mesh.method, "coordinator", "coordinator")
+    endpoint = member(mesh.scenario, mesh.method, "coordinator", "coordinator",
+                      recipe_of(mesh.scenario, mesh.method, mesh.dataset))
     await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.address])
     await endpoint.wait_joined(30)
     coordinator = Coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
@@ -285,7 +297,8 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
     """Run one method on the scenario's mesh, its scripted events included; return what happened."""
     out.mkdir(parents=True, exist_ok=True)
     # run.json too: it marks a method that ran to its end (a run over seeds skips those when it resumes)
-    for stale in [*out.glob("*.jsonl"), *out.glob("*.ckpt"), *out.glob("*.kept"), *out.glob("run.json")]:
+    for stale in [*out.glob("*.jsonl"), *out.glob("*.safetensors"), *out.glob("*.ckpt"), *out.glob("*.kept"),
+                  *out.glob("run.json")]:
         stale.unlink()
     in_children = scenario.processes or scenario.workers > 1
     mesh: InProcessMesh = (ProcessMesh if in_children else InProcessMesh)(scenario, method, dataset, partition, out)

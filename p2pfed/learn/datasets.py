@@ -47,6 +47,11 @@ class Dataset:
     groups_train: np.ndarray | None = None
     groups_test: np.ndarray | None = None
     vocabulary: str = ""
+    # the per-channel standardisation applied to the inputs (None: inputs as loaded), which an exported model
+    # applies to what it is asked to predict
+    input_mean: torch.Tensor | None = None
+    input_std: torch.Tensor | None = None
+    pixel_max: float = 0.0  # a white pixel in the raw inputs' units (255, or 16 for digits); 0: not images
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -61,12 +66,21 @@ class Dataset:
         return self.y_train.numpy(), self.y_test.numpy()
 
 
-def _normalise(x_train: torch.Tensor, x_test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # Per-channel standardisation with the training split's statistics (the usual torchvision transform).
+def normalised(name: str, x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor,
+               y_test: torch.Tensor, classes: int, scale: float = 1.0, pixel_max: float | None = None,
+               stats_of: int | None = None) -> Dataset:
+    """A Dataset of inputs standardised per channel with the training samples' statistics (the usual
+    torchvision transform; the first stats_of samples of x_train when the rest are held out for validation).
+    It records them for an exported model in the units of the raw inputs, which the loader divided by scale
+    first (digits' 0-16 pixels by 16), so a model is asked about raw data; pixel_max is a white pixel in those
+    units (default scale; 0 for inputs that are not images)."""
     dims = [0, 2, 3] if x_train.dim() == 4 else [0]
-    mean = x_train.mean(dim=dims, keepdim=True)
-    std = x_train.std(dim=dims, keepdim=True).clamp_min(1e-6)
-    return (x_train - mean) / std, (x_test - mean) / std
+    fit = x_train[:stats_of] if stats_of else x_train
+    mean = fit.mean(dim=dims, keepdim=True)
+    std = fit.std(dim=dims, keepdim=True).nan_to_num(1.0).clamp_min(1e-6)
+    return Dataset(name, (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, classes,
+                   input_mean=mean[0] * scale, input_std=std[0] * scale,
+                   pixel_max=scale if pixel_max is None else pixel_max)
 
 
 def load_digits(seed: int = 0) -> Dataset:
@@ -78,8 +92,7 @@ def load_digits(seed: int = 0) -> Dataset:
     x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(data.target, dtype=torch.int64)
     idx_train, idx_test = train_test_split(np.arange(len(y)), test_size=0.25, random_state=seed, stratify=y)
-    x_train, x_test = _normalise(x[idx_train], x[idx_test])
-    return Dataset("digits", x_train, y[idx_train], x_test, y[idx_test], 10)
+    return normalised("digits", x[idx_train], y[idx_train], x[idx_test], y[idx_test], 10, scale=16.0)
 
 
 def load_synthetic(seed: int = 0, num_classes: int = 10, per_class: int = 120, dim: int = 16) -> Dataset:
@@ -151,9 +164,8 @@ def _from_arrays(name: str, xtr: np.ndarray, ytr: np.ndarray, xte: np.ndarray, y
                  classes: int) -> Dataset:
     x_train = torch.tensor(xtr, dtype=torch.float32).unsqueeze(1) / 255.0
     x_test = torch.tensor(xte, dtype=torch.float32).unsqueeze(1) / 255.0
-    x_train, x_test = _normalise(x_train, x_test)
-    return Dataset(name, x_train, torch.tensor(ytr, dtype=torch.int64), x_test,
-                   torch.tensor(yte, dtype=torch.int64), classes)
+    return normalised(name, x_train, torch.tensor(ytr, dtype=torch.int64), x_test,
+                       torch.tensor(yte, dtype=torch.int64), classes, scale=255.0)
 
 
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}  # as torchvision unpacks them
@@ -172,34 +184,22 @@ def _load_cifar(name: str, root: Path | None) -> Dataset:
                                  "download it with torchvision on a connected machine and pass data.root") from None
     xtr = torch.tensor(train.data, dtype=torch.float32).permute(0, 3, 1, 2) / 255.0
     xte = torch.tensor(test.data, dtype=torch.float32).permute(0, 3, 1, 2) / 255.0
-    xtr, xte = _normalise(xtr, xte)
     classes = 10 if name == "cifar10" else 100
-    return Dataset(name, xtr, torch.tensor(train.targets), xte, torch.tensor(test.targets), classes)
+    return normalised(name, xtr, torch.tensor(train.targets), xte, torch.tensor(test.targets), classes,
+                       scale=255.0)
 
 
 def load_own(path: Path, seed: int = 0) -> Dataset:
-    """A node's own data: an .npz with x (N, ...) and y (N,), or an ImageFolder; split 75/25."""
-    if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as f:
-            if "x" not in f or "y" not in f:
-                raise DatasetUnavailable(f"{path}: an .npz dataset needs arrays 'x' and 'y'")
-            x = torch.tensor(f["x"], dtype=torch.float32)
-            y = torch.tensor(f["y"], dtype=torch.int64)
-        if x.dim() == 3:
-            x = x.unsqueeze(1)
-    elif path.is_dir():
-        import torchvision
+    """Own data as a scenario's dataset (data.dataset = a path: learn/own.py's formats), split 75/25."""
+    from p2pfed.learn.own import read_own  # own.py builds on this module
 
-        folder = torchvision.datasets.ImageFolder(str(path), transform=torchvision.transforms.ToTensor())
-        x = torch.stack([folder[i][0] for i in range(len(folder))])
-        y = torch.tensor(folder.targets, dtype=torch.int64)
-    else:
-        raise DatasetUnavailable(f"{path}: own data must be an .npz file (x, y) or an ImageFolder directory")
-    gen = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(y), generator=gen)
+    x, y, pixel_max = read_own(path)
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     cut = int(0.75 * len(y))
-    xtr, xte = _normalise(x[perm[:cut]], x[perm[cut:]])
-    return Dataset(path.stem, xtr, y[perm[:cut]], xte, y[perm[cut:]], int(y.max()) + 1)
+    return normalised(path.stem, x[perm[:cut]], y[perm[:cut]], x[perm[cut:]], y[perm[cut:]], int(y.max()) + 1,
+                      pixel_max=pixel_max)
 
 
 WORDS_PER_GROUP = 6000  # words drawn from each language's list: ~1100 training words per node of 4 per language
@@ -272,6 +272,6 @@ def load_dataset(name: str, root: str | Path | None = None, seed: int = 0) -> Da
         return _load_cifar(name, root_path)
     if is_text(name):
         return load_text(name, text_files(name, root_path), seed)
-    if name.endswith(".npz") or Path(name).is_dir():
+    if name.endswith((".npz", ".csv")) or Path(name).is_dir():
         return load_own(Path(name), seed)
     raise DatasetUnavailable(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)} or a path")

@@ -192,11 +192,13 @@ class Endpoint:
         await self.transport.close(linger_ms=500 if sent else 0)
 
     # -- talking to peers ------------------------------------------------------------------------
+    recipe = ""  # the fingerprint of what this member trains (scenario/recipe.py); "": none (a bootstrap)
+
     def identity(self) -> dict[str, Any]:
         """This member as the IDENTITY schema carries it."""
         pubkey = self.keys.public.decode() if self.keys else ""
         return {"address": self.address, "role": self.role, "incarnation": self.incarnation,
-                "pubkey": pubkey, "round": self.round, "heartbeat": self.options.heartbeat}
+                "pubkey": pubkey, "round": self.round, "heartbeat": self.options.heartbeat, "recipe": self.recipe}
 
     def message(self, mtype: str, body: dict[str, Any], tensors: dict[str, Any] | None = None) -> Message:
         """A message from this member in its mesh at its current round."""
@@ -361,6 +363,12 @@ class Endpoint:
     # -- receiving -------------------------------------------------------------------------------
     def _heard(self, msg: Message) -> None:
         body = msg.body
+        theirs = body.get("recipe", "")
+        if self.recipe and theirs and theirs != self.recipe:
+            # both train, and not the same thing: refused before a model of the wrong shape is ever sent
+            raise WireError(f"{msg.sender} trains recipe {theirs}, this member ({self.name}) trains recipe "
+                            f"{self.recipe}: members of a mesh must share one recipe (model, input, classes, "
+                            "method, training, seed)")
         old = self.peers.peers.get(msg.sender)
         old_address = old.address if old else None
         try:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from p2pfed.learn.checkpoint import load_own, save_atomic
+from p2pfed.learn.checkpoint import load_own, refuse_old, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import (
@@ -68,9 +68,9 @@ class CentralNode(LocalNode):
 
     def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
                  partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None,
-                 coordinator: str | None = None) -> None:
-        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir)
-        self.true_cluster = partition.true_cluster[index]
+                 coordinator: str | None = None, name: str | None = None) -> None:
+        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name)
+        self.true_cluster = partition.true_cluster[self.shard]
         self.client: ClientMethod | None = make_client(method, self, scenario) if method else None
         self.coordinator = coordinator
         self.send_delay = 0.0  # a scripted slow link: seconds before every answer
@@ -279,9 +279,11 @@ class CentralNode(LocalNode):
         """The node's own model, round and its method's node-side state (ClientMethod.state), atomically: a
         model or a method's tensors that never leave the node live only here."""
         method = self.client.state() if self.client is not None else self.method_state
-        save_atomic({"round": self.round, "model": state_of(self.model), "method": method}, self.checkpoint_path)
+        save_atomic({"round": self.round, "model": state_of(self.model), "method": method}, self.checkpoint_path,
+                    self.card_metadata(self.round))
 
     def restore(self) -> None:
+        refuse_old(self.checkpoint_path)
         if self.checkpoint_path.exists():
             ckpt = load_own(self.checkpoint_path)
             self.model.load_state_dict(ckpt["model"])

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from p2pfed.learn.checkpoint import load_own, save_atomic
+from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import evaluate, round_seed, state_of, train_epochs, weighted_average
@@ -51,9 +51,10 @@ class LearningNode(LocalNode):
     """One node of a scenario: trains its shard and exchanges models through its endpoint."""
 
     def __init__(self, scenario: Scenario, index: int, method: str, dataset: Dataset, partition: Partition,
-                 endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None) -> None:
-        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir)
-        self.true_clusters = {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
+                 endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *, name: str | None = None) -> None:
+        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name)
+        # the scenario's true clusters, to report; none for a node with its own data (nobody knows them)
+        self.true_clusters = {} if name else {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
         self.method = make_method(method, self, scenario)
         self.inbox: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
@@ -82,7 +83,12 @@ class LearningNode(LocalNode):
         """Keep models by kind, to give any peer that requests that kind (a late joiner); written at once with
         the checkpoint's kept file, so a restarted node still has them."""
         self.kept.update(models)
-        save_atomic(self.kept, self.checkpoint_path.with_suffix(".kept"))
+        save_atomic(self.kept, self.kept_path)
+
+    @property
+    def kept_path(self) -> Path:
+        """The file of the models kept for peers, beside the checkpoint (n01.kept.safetensors)."""
+        return self.checkpoint_path.with_name(self.name + ".kept" + SUFFIX)
 
     def kept_model(self, kind: str) -> dict[str, torch.Tensor] | None:
         """A model this node keeps, None if none of that kind."""
@@ -346,17 +352,18 @@ class LearningNode(LocalNode):
         """Write model, round and method state atomically (tmp file, then rename). The models the method keeps
         for its peers, which seldom change, are written when they change (see keep)."""
         save_atomic({"round": rnd, "model": self.current_state(), "method": json.dumps(self.method.state())},
-                     self.checkpoint_path)
+                    self.checkpoint_path, self.card_metadata(rnd))
 
     def restore(self) -> int | None:
         """Load this node's own checkpoint if there is one; return its round."""
+        refuse_old(self.checkpoint_path)
+        refuse_old(self.kept_path)
         if not self.checkpoint_path.exists():
             return None
         ckpt = load_own(self.checkpoint_path)  # our own file, never network data
         self.model.load_state_dict(ckpt["model"])
         self.method.restore(json.loads(ckpt["method"]))
-        kept_path = self.checkpoint_path.with_suffix(".kept")
-        if kept_path.exists():
-            self.kept = load_own(kept_path)
+        if self.kept_path.exists():
+            self.kept = load_own(self.kept_path)
         log.info("%s: resumed from its checkpoint at round %d", self.name, ckpt["round"])
         return int(ckpt["round"])

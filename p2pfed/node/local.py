@@ -8,6 +8,8 @@ copy of a model trained on a batch and the look at the validation split are the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from p2pfed.learn.checkpoint import SUFFIX
 from p2pfed.learn.datasets import Dataset
+from p2pfed.learn.export import CARD, ModelCard
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import pick_device, round_seed, state_of, train_copy
@@ -62,31 +66,44 @@ def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Part
                      dataset.y_train[val], inputs(dataset.x_test[shard.test], 2), dataset.y_test[shard.test])
 
 
+def own_index(name: str) -> int:
+    """The number a node with its own data (no index into a shared dataset) seeds its training with: the same
+    for the same name on every machine and run, different for different names."""
+    return zlib.crc32(name.encode()) % 1_000_003
+
+
 class LocalNode:
     """Node index of a scenario: its shard (a label-flip adversary's labels flipped), its model from the
     scenario's seeded weights (the same on every node: the shared initial model averaging needs), its device
-    and task, its metrics file and its checkpoint's path."""
+    and task, its metrics file and its checkpoint's path.
+
+    A node with its own data (``p2pfed node --data``) is given its name, a dataset of its own data alone and a
+    partition of one shard (true cluster unknown, -1); it has no index into anyone's data."""
 
     def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
-                 partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None) -> None:
+                 partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *,
+                 name: str | None = None) -> None:
         self.scenario = scenario
-        self.index = index
-        self.name = scenario.node_name(index)
+        self.shard = 0 if name else index  # its shard of the partition
+        self.index = own_index(name) if name else index
+        self.name = name or scenario.node_name(index)
         self.endpoint = endpoint
         self.method_name = method
         self.round = 0
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
         self.task = dataset.task
-        self.data = local_data(scenario, index, dataset, partition)
-        self.adversary = scenario.adversary_of(index)  # a scripted adversary of the scenario, None if honest
+        self.data = local_data(scenario, self.shard, dataset, partition)
+        # a scripted adversary of the scenario, None if honest (a node with its own data is nobody's script)
+        self.adversary = None if name else scenario.adversary_of(index)
         if self.adversary == "label-flip":
             self.data.y_train = flip_labels(self.data.y_train, dataset.num_classes)
             self.data.y_val = flip_labels(self.data.y_val, dataset.num_classes)
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
         self.reference = state_of(self.model)
         self.metrics_path = out_dir / f"{self.name}.jsonl"
-        self.checkpoint_path = (state_dir or out_dir) / f"{self.name}.ckpt"
+        self.checkpoint_path = (state_dir or out_dir) / f"{self.name}{SUFFIX}"
+        self.card = ModelCard.of(self.cfg.model, dataset, node=self.name, method=method or "")
 
     @property
     def samples(self) -> int:
@@ -109,6 +126,11 @@ class LocalNode:
         """judge(model, x_val, y_val, device, task) run in a worker thread: a method's look at how models do
         on this node's validation split (which never leaves the node)."""
         return await asyncio.to_thread(judge, self.model, self.data.x_val, self.data.y_val, self.device, self.task)
+
+    def card_metadata(self, rnd: int) -> dict[str, str]:
+        """The model card a checkpoint of round rnd carries, so `p2pfed export` needs nothing but the file."""
+        return {CARD: dataclasses.replace(self.card, round=rnd, method=self.method_name or "",
+                                          recipe=self.endpoint.recipe).to_json()}
 
     def record(self, event: str, **fields: Any) -> None:
         append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)

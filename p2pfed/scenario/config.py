@@ -7,6 +7,8 @@ machine (``p2pfed run``) or on many (``p2pfed node --scenario FILE --index I``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +45,12 @@ class DataConfig:
     # training samples per class set aside for the server before the partition deals the rest (0: none): paper
     # 000 draws its 10 indicator samples per class "before assigning the data to the client"
     server_per_class: int = 0
+    # a node with its own data (p2pfed node --data): the share of its samples it tests on (val_fraction: that it
+    # validates on), and, where data.dataset is not one p2pfed knows, the input shape and class count every
+    # member's data must have
+    test_fraction: float = 0.2
+    input_shape: list[int] = field(default_factory=list)
+    classes: int = 0
     # the [data.partition] table: kind (the partition's name) and that partition's own options
     # (learn/partition.py), filled by load_scenario
     partition: PartitionOptions = field(default_factory=Pathological)
@@ -136,6 +144,19 @@ class Scenario:
         mine, theirs = self.settings(*ignore), other.settings(*ignore)
         return [k for k in mine if theirs.get(k) != mine[k]]
 
+    def fingerprint(self, method: str, input_shape: Sequence[int], classes: int, task: str) -> str:
+        """What members of one mesh must agree on, as 16 hex digits: the model and the input and outputs it is
+        built for, the method with its options, the training, the rounds and the seed of the shared initial
+        model. Not the data (each member's own) nor what is only this machine's (device, deadlines)."""
+        train = {k: v for k, v in dataclasses.asdict(self.train).items()
+                 if k not in ("device", "round_timeout", "eval_every")}
+        # the method's table and those it inherits (pfedlia-p2p's for pfedlia-p2p-paper)
+        options = {k: v for k, v in self.method_tables.items() if method == k or method.startswith(k + "-")}
+        recipe = {"model": self.train.model, "input_shape": list(input_shape), "classes": classes, "task": task,
+                  "method": method, "options": options, "train": train,
+                  "rounds": self.rounds, "seed": self.seed}
+        return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
     def node_name(self, index: int) -> str:
         """The name of node index (n00, n01, ...), the same on every machine."""
         return f"n{index:0{max(2, len(str(self.nodes - 1)))}d}"
@@ -177,6 +198,10 @@ class Scenario:
             (0 < self.train.participation <= 1, "train.participation must be in (0, 1]"),
             (self.train.eval_every >= 1, "train.eval_every must be at least 1"),
             (0 <= self.data.val_fraction < 1, "data.val_fraction must be in [0, 1)"),
+            (0 < self.data.test_fraction < 1, "data.test_fraction must be in (0, 1)"),
+            (all(1 <= d <= 100_000 for d in self.data.input_shape) and len(self.data.input_shape) <= 4,
+             "data.input_shape must be up to 4 sizes, each 1 to 100000"),
+            (0 <= self.data.classes <= 1_000_000, "data.classes must be in [0, 1000000]"),
             (self.data.max_train >= 0 and self.data.max_val >= 0,
              "data.max_train and data.max_val must be >= 0 (0: no cap)"),
             (0 <= self.data.server_per_class <= 10_000, "data.server_per_class must be in [0, 10000]"),

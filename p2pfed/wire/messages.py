@@ -151,8 +151,11 @@ PEER = {
 
 # heartbeat: the sender's heartbeat period in seconds, so members configured with different periods
 # judge each other's silence by the slower of the two (see PeerTable.sweep).
+# recipe: the fingerprint of what a learning member trains (Scenario.fingerprint); "" or absent for a member
+# that trains nothing (a bootstrap) or an earlier p2pfed
+RECIPE = Text(16, re.compile(r"[0-9a-f]{0,16}"))
 IDENTITY = {"address": Address(), "role": OneOf(ROLES), "incarnation": INCARNATION, "pubkey": PUBKEY,
-            "round": ROUND, "heartbeat": Num(MIN_HEARTBEAT, MAX_HEARTBEAT)}
+            "round": ROUND, "heartbeat": Num(MIN_HEARTBEAT, MAX_HEARTBEAT), "recipe": Opt(RECIPE)}
 PEERS = Many(PEER, MAX_PEERS_LISTED)
 KIND = Text(32)
 # a note's number (a score, an influence): bounded so that a method's arithmetic on it (squares, means, a

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from p2pfed.learn.datasets import DatasetUnavailable, load_dataset
+from p2pfed.learn.own import OwnDataError
 from p2pfed.learn.partition import make_partition
 
 Y_TRAIN = np.repeat(np.arange(10), 60)
@@ -202,7 +203,7 @@ def test_own_npz_data(tmp_path) -> None:
     d = load_dataset(str(tmp_path / "mine.npz"))
     assert d.input_shape == (1, 6, 6) and len(d.y_train) + len(d.y_test) == 40
     np.savez(tmp_path / "bad.npz", a=np.zeros(3))
-    with pytest.raises(DatasetUnavailable, match="'x' and 'y'"):
+    with pytest.raises(OwnDataError, match=r"'x' \(samples\) and 'y' \(labels\); it has a"):
         load_dataset(str(tmp_path / "bad.npz"))
 
 

@@ -84,8 +84,8 @@ def test_a_restarted_coordinator_resumes_with_the_same_members(tmp_path: Path) -
     method = server(k=3)
     method.aggregate(0, {"a": members(vec(1, 0), vec(0, 1), vec(2, 2))})
     data, models = method.state()
-    save_atomic({"data": json.dumps(data), "models": models}, tmp_path / "coordinator.ckpt")
-    ckpt = load_own(tmp_path / "coordinator.ckpt")
+    save_atomic({"data": json.dumps(data), "models": models}, tmp_path / "coordinator.safetensors")
+    ckpt = load_own(tmp_path / "coordinator.safetensors")
     restarted = FedAvgEnsembleServer(FakeCoordinator(lambda n, t: None, dim=2), EnsembleOptions(k=3))
     restarted.restore(json.loads(ckpt["data"]), ckpt["models"])
     assert [m["w"].tolist() for m in restarted.train_task(1, "a").models] == [[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]]

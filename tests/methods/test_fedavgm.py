@@ -88,8 +88,8 @@ def test_a_restarted_coordinator_resumes_with_the_same_velocity(tmp_path: Path) 
     method = server(momentum=0.5, server_lr=2.0)
     method.aggregate(0, ROUNDS[0])
     data, models = method.state()
-    save_atomic({"data": json.dumps(data), "models": models}, tmp_path / "coordinator.ckpt")  # as the coordinator
-    ckpt = load_own(tmp_path / "coordinator.ckpt")
+    save_atomic({"data": json.dumps(data), "models": models}, tmp_path / "coordinator.safetensors")  # as it does
+    ckpt = load_own(tmp_path / "coordinator.safetensors")
     restarted = FedAvgMServer(FakeCoordinator(lambda n, t: None, dim=2), FedAvgMOptions(momentum=0.5, server_lr=2.0))
     restarted.restore(json.loads(ckpt["data"]), ckpt["models"])
     assert torch.equal(restarted.velocity["w"], method.velocity["w"])

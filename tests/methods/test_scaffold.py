@@ -81,8 +81,8 @@ def test_a_restarted_coordinator_resumes_with_the_same_c(tmp_path: Path) -> None
     method = server(server_lr=0.5)
     method.aggregate(0, ROUNDS[0])
     data, models = method.state()
-    save_atomic({"data": json.dumps(data), "models": models}, tmp_path / "coordinator.ckpt")  # as the coordinator
-    ckpt = load_own(tmp_path / "coordinator.ckpt")
+    save_atomic({"data": json.dumps(data), "models": models}, tmp_path / "coordinator.safetensors")  # as it does
+    ckpt = load_own(tmp_path / "coordinator.safetensors")
     restarted = ScaffoldServer(FakeCoordinator(lambda n, t: None, dim=2), ScaffoldOptions(server_lr=0.5))
     restarted.restore(json.loads(ckpt["data"]), ckpt["models"])
     assert restarted.train_task(1, "a").aux["w"].tolist() == [1.0, 0.0]

@@ -249,6 +249,31 @@ async def test_a_join_the_other_side_refuses_ends_with_its_reason(members: Make,
         await node.wait_joined(30)  # three refusals with the same reason end the join, well before 30 s
 
 
+async def test_members_that_train_different_recipes_refuse_each_other_naming_both(members: Make) -> None:
+    boot, (n0,) = await start_mesh(members, 1)  # the bootstrap trains nothing: anyone may join through it
+    n0.recipe = "a" * 16
+    await wait_until(lambda: states(boot).get("n0") == ALIVE, what="n0 alive")
+    # joining through a member that trains another recipe ends the join with a line naming both fingerprints
+    odd = members("odd", options=dataclasses.replace(FAST, join_timeout=0.5))
+    odd.recipe = "b" * 16
+    await odd.start("tcp://127.0.0.1:0", [n0.address])
+    with pytest.raises(JoinError, match=f"odd trains recipe {'b' * 16}, this member .n0. trains recipe {'a' * 16}"):
+        await odd.wait_joined(30)
+    # through the bootstrap it joins, but neither takes the other as a peer (no model of the wrong shape flows)
+    late = members("late", options=FAST)
+    late.recipe = "b" * 16
+    await late.start("tcp://127.0.0.1:0", [boot.address])
+    await late.wait_joined(10)
+    await asyncio.sleep(20 * FAST.heartbeat)
+    assert states(n0).get("late") != ALIVE and states(late).get("n0") != ALIVE
+    assert states(boot)["late"] == ALIVE and states(boot)["n0"] == ALIVE
+    # a member that does not say (an earlier p2pfed, a bootstrap) is not refused for it
+    plain = members("plain", options=FAST)
+    await plain.start("tcp://127.0.0.1:0", [n0.address])
+    await plain.wait_joined(10)
+    await wait_until(lambda: states(n0).get("plain") == ALIVE, what="plain alive at n0")
+
+
 async def test_a_join_nobody_answers_ends_after_its_bound_saying_so(members: Make) -> None:
     port = free_port()
     node = members("lonely", options=MeshOptions(heartbeat=0.1, join_timeout=0.3, join_give_up=1.0))

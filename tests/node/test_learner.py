@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from p2pfed.launch.runner import prepare_data
+from p2pfed.learn.checkpoint import CheckpointError, load_own
 from p2pfed.learn.tasks import Classification
 from p2pfed.learn.train import evaluate, weighted_average
 from p2pfed.methods.base import Method
@@ -80,6 +81,17 @@ async def test_restore_brings_back_the_model_the_choice_and_the_kept_models(
     assert all(torch.equal(again.kept_model("partial")[k], 2 * trained[k]) for k in floats)  # type: ignore[index]
     assert all(torch.equal(again.kept_model("w0")[k], 3 * trained[k]) for k in floats)  # type: ignore[index]
     assert node(s, members, tmp_path / "elsewhere").restore() is None  # nothing to resume from
+
+
+async def test_a_node_with_an_earlier_p2pfeds_checkpoint_stops_instead_of_starting_afresh(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    s = scenario(tmp_path)
+    checkpointed(s, members, tmp_path)
+    for old, new in [("n01.ckpt", "n01.safetensors"), ("n01.kept", "n01.kept.safetensors")]:
+        (tmp_path / new).rename(tmp_path / old)  # as a run of an earlier p2pfed left it (the format aside)
+        with pytest.raises(CheckpointError, match=rf"p2pfed convert .*{old}"):
+            node(s, members, tmp_path).restore()
+        (tmp_path / old).rename(tmp_path / new)
 
 
 async def test_a_restarted_node_goes_on_after_its_checkpointed_round_without_choosing_again(
@@ -373,7 +385,7 @@ async def test_a_node_whose_choice_took_long_catches_up_before_it_trains_if_two_
     skips = [(r["skipped_from"], r["skipped_to"]) for r in mine if r["event"] == "skip"]
     assert skips == ([(1, runs)] if runs > 1 else [])
     assert [(r["round"], r["received"]) for r in mine if r["event"] == "round"] == [(runs, 1)]
-    ckpt = torch.load(n.checkpoint_path, weights_only=True)
+    ckpt = load_own(n.checkpoint_path)
     assert ckpt["round"] == runs and json.loads(ckpt["method"]) == {"chosen": ["n00"]}
 
 

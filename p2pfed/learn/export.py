@@ -1,0 +1,188 @@
+"""A node's personalised model as a file of its own, and that file put to use.
+
+An exported model is a safetensors file whose tensor table is the model's state dict under its own
+parameter names (``safetensors.torch.load_file`` then ``load_state_dict`` is all another program needs) and
+whose metadata holds the card: the architecture, the input it takes (shape, and the standardisation the
+node trained with, in the units of the raw inputs), the classes or vocabulary, where it came from and the
+recipe's fingerprint. ``ExportedModel`` rebuilds the model from the card and predicts:
+
+    from p2pfed.learn.export import ExportedModel
+    model = ExportedModel.load("n01-model.safetensors")
+    labels = model.predict(x)          # x: raw inputs of the card's input shape, (N, C, H, W)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p2pfed.learn.checkpoint import CheckpointError, read, save_atomic
+from p2pfed.learn.datasets import Dataset
+from p2pfed.learn.models import build_model
+
+CARD = "p2pfed.card"  # metadata key of the card, in node checkpoints and exported models
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What it takes to rebuild and use a model: architecture, input, outputs, origin."""
+
+    model: str  # learn/models.py's name of the architecture
+    input_shape: tuple[int, ...]
+    num_classes: int  # classes, or the vocabulary's size for next-token prediction
+    task: str  # learn/tasks.py's name of the task
+    input_mean: list[float] = field(default_factory=list)  # per channel, raw units; empty: inputs as given
+    input_std: list[float] = field(default_factory=list)
+    pixel_max: float = 0.0  # a white pixel in raw units, to read image files (0: the model takes arrays only)
+    vocabulary: str = ""
+    node: str = ""
+    method: str = ""
+    round: int = -1
+    recipe: str = ""  # the recipe's fingerprint (scenario/recipe.py)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> ModelCard:
+        """The card in text, read from where (a file's metadata); CheckpointError names what is wrong."""
+        try:
+            data = json.loads(text)
+            data["input_shape"] = tuple(int(d) for d in data["input_shape"])
+            return cls(**data)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{where}: its model card cannot be read ({exc})") from None
+
+    @classmethod
+    def of(cls, model: str, dataset: Dataset, **origin: Any) -> ModelCard:
+        """The card of a model architecture trained on dataset (origin: node, method, round, recipe)."""
+        mean, std = dataset.input_mean, dataset.input_std
+        return cls(model, tuple(dataset.input_shape), dataset.num_classes, dataset.task.name,
+                   mean.flatten().tolist() if mean is not None else [],
+                   std.flatten().tolist() if std is not None else [], dataset.pixel_max, dataset.vocabulary,
+                   **origin)
+
+
+def export_model(checkpoint: Path, out: Path) -> ModelCard:
+    """Write the personalised model of a node's checkpoint (NAME.safetensors, written with its card) to out;
+    return its card."""
+    tree, tensors, metadata = read(checkpoint)
+    if CARD not in metadata or not isinstance(tree, dict) or not isinstance(tree.get("model"), dict):
+        raise CheckpointError(f"{checkpoint} is not a node's checkpoint with a model card (a coordinator's, or "
+                              "one written before p2pfed kept cards): nothing to export")
+    card = ModelCard.from_json(metadata[CARD], str(checkpoint))
+    state = {name: tensors[f"model/{name}"] for name in tree["model"]}
+    save_atomic(state, out, metadata={CARD: card.to_json()})
+    return card
+
+
+class ExportedModel:
+    """An exported model, rebuilt from its card, in evaluation mode on the CPU."""
+
+    def __init__(self, card: ModelCard, module: torch.nn.Module) -> None:
+        self.card = card
+        self.module = module.eval()
+        dims = (-1, *[1] * (len(card.input_shape) - 1))  # per channel, broadcast over the rest
+        self.mean = torch.tensor(card.input_mean).reshape(dims) if card.input_mean else None
+        self.std = torch.tensor(card.input_std).reshape(dims) if card.input_std else None
+
+    @classmethod
+    def load(cls, path: str | Path) -> ExportedModel:
+        """Read an exported model (safetensors: nothing in it can run code)."""
+        path = Path(path)
+        tree, tensors, metadata = read(path)
+        if CARD not in metadata:
+            raise CheckpointError(f"{path} has no model card: not a model `p2pfed export` wrote")
+        card = ModelCard.from_json(metadata[CARD], str(path))
+        module = build_model(card.model, card.input_shape, card.num_classes)
+        state = {name: tensors[name] for name in tree} if isinstance(tree, dict) else tensors
+        try:
+            module.load_state_dict(state)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path}: its tensors do not fit a {card.model} for inputs "
+                                  f"{card.input_shape}: {str(exc)[:300]}") from None
+        return cls(card, module)
+
+    def check(self, x: torch.Tensor) -> torch.Tensor:
+        """x as a float batch of the card's input shape; ValueError naming the shapes if it is not one."""
+        x = torch.as_tensor(x)
+        if tuple(x.shape[1:]) != self.card.input_shape and tuple(x.shape) == self.card.input_shape:
+            x = x.unsqueeze(0)  # one sample
+        grey = len(self.card.input_shape) == 3 and self.card.input_shape[0] == 1
+        if grey and x.dim() == 3:
+            x = x.unsqueeze(1)  # grey images without their channel axis, (N, H, W)
+        if tuple(x.shape[1:]) != self.card.input_shape:
+            shape = ", ".join(map(str, self.card.input_shape))
+            raise ValueError(f"inputs of shape {tuple(x.shape[1:])}; this {self.card.model} takes "
+                             f"{self.card.input_shape} (N samples as (N, {shape}))")
+        return x
+
+    @torch.no_grad()
+    def probabilities(self, x: torch.Tensor) -> torch.Tensor:
+        """Class probabilities (N, classes) for raw inputs x, standardised as the node's data was."""
+        if self.card.task != "classification":
+            raise ValueError(f"this model is for {self.card.task}, not classification: no class probabilities")
+        x = self.check(x).float()
+        if self.mean is not None and self.std is not None:
+            x = (x - self.mean) / self.std
+        return torch.softmax(self.module(x), dim=1)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """The most probable class of each input."""
+        return self.probabilities(x).argmax(dim=1)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+
+
+def read_inputs(path: Path, card: ModelCard) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
+    """What to predict, in raw units: an .npz of x (and y, to score), an .npy of x, an image file or a folder of
+    image files. Returns the inputs, the labels if given and a name for each input."""
+    import numpy as np
+
+    if path.suffix in (".npz", ".npy"):
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a readable NumPy file ({exc})") from None
+        if path.suffix == ".npy":
+            return torch.as_tensor(loaded, dtype=torch.float32), None, [str(i) for i in range(len(loaded))]
+        with loaded as f:
+            if "x" not in f:
+                raise ValueError(f"{path}: an .npz to predict from needs an array 'x' (and may hold 'y' to score)")
+            x = torch.as_tensor(f["x"], dtype=torch.float32)
+            y = torch.as_tensor(f["y"], dtype=torch.int64) if "y" in f else None
+        return x, y, [str(i) for i in range(len(x))]
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
+    if not files or any(f.suffix.lower() not in IMAGE_SUFFIXES for f in files):
+        raise ValueError(f"{path}: give an .npz (x, y), an .npy, an image ({', '.join(IMAGE_SUFFIXES)}) or a "
+                         "folder of images")
+    if not card.pixel_max or len(card.input_shape) != 3:
+        raise ValueError(f"this model was trained on arrays of shape {card.input_shape}, not on images: give an "
+                         ".npz or .npy of them")
+    from PIL import Image
+
+    channels, height, width = card.input_shape
+    images = []
+    for f in files:
+        with Image.open(f) as opened:
+            img = opened.convert("L" if channels == 1 else "RGB")
+        if img.size != (width, height):
+            raise ValueError(f"{f}: {img.size[0]}x{img.size[1]} pixels; this model takes {width}x{height}")
+        array = torch.as_tensor(np.asarray(img, dtype=np.float32))
+        images.append(array.unsqueeze(0) if channels == 1 else array.permute(2, 0, 1))
+    return torch.stack(images) / 255.0 * card.pixel_max, None, [f.name for f in files]
+
+
+def node_checkpoints(folder: Path) -> dict[str, Path]:
+    """The node checkpoints in folder by node name (not kept models, not a coordinator's)."""
+    found = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        name = path.name.removesuffix(".safetensors")
+        if not name.endswith(".kept") and name != "coordinator" and not name.endswith("-model"):
+            found[name] = path
+    return found

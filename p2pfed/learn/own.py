@@ -1,0 +1,144 @@
+"""A node's own private data (``p2pfed node --data PATH``): read from the machine's disk, split there into
+training, validation and test samples, and checked against what the mesh's recipe trains. Nothing of it
+ever leaves the node; only models do.
+
+Formats: an ``.npz`` of ``x`` (N, ...) and ``y`` (N,); an ImageFolder (one sub-folder of images per class,
+sub-folders sorted by name give the class numbers); a CSV of feature columns and a label column.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from p2pfed.learn.datasets import Dataset, normalised
+
+# The input shape and class count of the named datasets, so that a recipe naming one (data.dataset) fixes what
+# every member's own data must look like without loading that dataset here.
+KNOWN_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
+    "digits": ((1, 8, 8), 10), "synthetic": ((1, 4, 4), 10), "fmnist": ((1, 28, 28), 10),
+    "mnist": ((1, 28, 28), 10), "emnist": ((1, 28, 28), 47), "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+}
+MIN_SAMPLES = 10  # fewer cannot give a training, a validation and a test sample each a fair share
+
+
+class OwnDataError(ValueError):
+    """Own data that cannot be read, or does not fit the recipe; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """Fractions of a node's own samples held out for validation and for testing (the rest trains)."""
+
+    val: float = 0.2
+    test: float = 0.2
+
+    def check(self) -> None:
+        if not (0 < self.val < 1 and 0 < self.test < 1 and self.val + self.test < 1):
+            raise OwnDataError(f"validation ({self.val}) and test ({self.test}) fractions must each be in (0, 1) "
+                               "and leave samples to train on")
+
+
+def read_own(path: Path) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The samples and labels at path, and the value of a white pixel in their units (0: not images)."""
+    if not path.exists():
+        raise OwnDataError(f"{path}: no such file or folder")
+    if path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                if "x" not in f or "y" not in f:
+                    raise OwnDataError(f"{path}: an .npz of own data needs arrays 'x' (samples) and 'y' (labels); "
+                                       f"it has {', '.join(f.files) or 'none'}")
+                x, y = f["x"], f["y"]
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, OwnDataError):
+                raise
+            raise OwnDataError(f"{path}: not a readable .npz ({exc})") from None
+        if not np.issubdtype(y.dtype, np.integer):
+            raise OwnDataError(f"{path}: labels 'y' must be integers, not {y.dtype}")
+        xt = torch.as_tensor(x, dtype=torch.float32)
+        return xt, torch.as_tensor(y, dtype=torch.int64), 0.0
+    if path.suffix == ".csv":
+        return *_read_csv(path), 0.0
+    if path.is_dir():
+        import torchvision
+
+        try:
+            folder = torchvision.datasets.ImageFolder(str(path), transform=torchvision.transforms.ToTensor())
+        except (FileNotFoundError, OSError) as exc:
+            raise OwnDataError(f"{path}: not an ImageFolder (one sub-folder of images per class): {exc}") from None
+        x = torch.stack([folder[i][0] for i in range(len(folder))])
+        return x, torch.tensor(folder.targets, dtype=torch.int64), 1.0  # ToTensor: pixels in 0..1
+    raise OwnDataError(f"{path}: own data must be an .npz (x, y), a .csv (features and a 'label' column) or an "
+                       "ImageFolder directory")
+
+
+def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feature columns and the label column ('label', else the last) of a CSV with a header row."""
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2:
+        raise OwnDataError(f"{path}: a CSV of own data needs a header row and samples")
+    header, body = rows[0], rows[1:]
+    label = header.index("label") if "label" in header else len(header) - 1
+    try:
+        values = np.array([[float(v) for v in row] for row in body if row], dtype=np.float32)
+    except ValueError as exc:
+        raise OwnDataError(f"{path}: every value must be a number ({exc})") from None
+    if values.ndim != 2 or values.shape[1] != len(header):
+        raise OwnDataError(f"{path}: every row must have the header's {len(header)} columns")
+    labels = values[:, label]
+    if not np.all(labels == np.round(labels)):
+        raise OwnDataError(f"{path}: the label column {header[label]!r} must hold whole class numbers")
+    features = np.delete(values, label, axis=1)
+    return torch.as_tensor(features), torch.as_tensor(labels.astype(np.int64))
+
+
+def expected_shape(dataset: str, input_shape: list[int], classes: int) -> tuple[tuple[int, ...], int]:
+    """What the recipe's model takes: data.input_shape and data.classes when given, else those of the dataset
+    it names."""
+    if input_shape and classes:
+        return tuple(input_shape), classes
+    if dataset not in KNOWN_SHAPES:
+        raise OwnDataError(f"the recipe's data.dataset {dataset!r} does not say what own data looks like: set "
+                           "data.input_shape (e.g. [1, 28, 28], or [12] for 12 features) and data.classes")
+    shape, known = KNOWN_SHAPES[dataset]
+    return (tuple(input_shape) if input_shape else shape), (classes or known)
+
+
+def load_own_data(path: Path, shape: tuple[int, ...], classes: int, split: Split, seed: int
+                  ) -> tuple[Dataset, np.ndarray, np.ndarray, np.ndarray]:
+    """This node's data at path, checked against the recipe's input shape and class count, standardised with
+    its own training statistics, and split (seeded) into training, validation and test samples. Returns the
+    dataset (x_train holding training and validation samples) and the three index arrays."""
+    split.check()
+    x, y, pixel_max = read_own(path)
+    if x.dim() == len(shape) and len(shape) == 3 and shape[0] == 1:
+        x = x.unsqueeze(1)  # grey images stored without their channel axis: (N, H, W)
+    if tuple(x.shape[1:]) != shape:
+        raise OwnDataError(f"{path}: samples of shape {tuple(x.shape[1:])}, but the recipe's model takes {shape} "
+                           "(data.input_shape, or that of the recipe's data.dataset)")
+    if len(y) != len(x):
+        raise OwnDataError(f"{path}: {len(x)} samples but {len(y)} labels")
+    if len(y) < MIN_SAMPLES:
+        raise OwnDataError(f"{path}: {len(y)} samples; a node needs at least {MIN_SAMPLES} to train, validate and "
+                           "test")
+    if int(y.min()) < 0 or int(y.max()) >= classes:
+        raise OwnDataError(f"{path}: labels run from {int(y.min())} to {int(y.max())}, but the recipe has {classes} "
+                           f"classes (0 to {classes - 1}, data.classes)")
+    if not torch.isfinite(x).all():
+        raise OwnDataError(f"{path}: some samples hold NaN or infinite values")
+    perm = np.random.default_rng(seed).permutation(len(y))
+    n_test = max(1, round(split.test * len(y)))
+    n_val = max(1, round(split.val * len(y)))
+    test, val, train = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
+    trainval = np.concatenate([train, val])
+    dataset = normalised(path.stem, x[trainval], y[trainval], x[test], y[test], classes, pixel_max=pixel_max,
+                         stats_of=len(train))
+    return dataset, np.arange(len(train)), np.arange(len(train), len(trainval)), np.arange(len(test))
+

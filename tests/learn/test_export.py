@@ -1,0 +1,128 @@
+"""A node's personalised model out: exported from a real run's checkpoint, it predicts raw inputs (arrays or
+image files) as the node's own model did on its standardised data; p2pfed export / predict say what is wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from sklearn.datasets import load_digits
+
+from p2pfed.cli import main
+from p2pfed.launch.runner import run_scenario
+from p2pfed.learn.checkpoint import CheckpointError, load_own
+from p2pfed.learn.datasets import load_dataset
+from p2pfed.learn.export import CARD, ExportedModel, export_model
+from p2pfed.learn.models import build_model
+from p2pfed.scenario.config import load_scenario
+
+SCENARIO = """
+[scenario]
+name = "export"
+nodes = 2
+rounds = 3
+methods = ["local"]
+[data]
+dataset = "digits"
+partition.kind = "iid"
+[train]
+model = "cnn"
+lr = 0.1
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short run of two nodes training on digits (their checkpoints carry model cards)."""
+    tmp = tmp_path_factory.mktemp("export")
+    (tmp / "s.toml").write_text(SCENARIO)
+    run_scenario(load_scenario(tmp / "s.toml"), tmp / "run")
+    return tmp / "run" / "local"
+
+
+def test_an_exported_model_predicts_raw_inputs_as_the_node_did_on_its_own(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "n01-model.safetensors"
+    card = export_model(run / "n01.safetensors", out)
+    assert (card.node, card.method, card.round, card.model, card.input_shape) == ("n01", "local", 2, "cnn", (1, 8, 8))
+    # the file is a plain state dict another program loads with two calls
+    plain = build_model("cnn", (1, 8, 8), 10)
+    plain.load_state_dict(load_file(str(out)))
+    node_model = build_model("cnn", (1, 8, 8), 10)
+    node_model.load_state_dict(load_own(run / "n01.safetensors")["model"])
+    dataset = load_dataset("digits")
+    with torch.no_grad():
+        expected = node_model.eval()(dataset.x_test).argmax(dim=1)
+    model = ExportedModel.load(out)
+    # raw digits (0-16 pixels, as scikit-learn gives them) in the same test order: the card standardises them
+    raw = torch.tensor(load_digits().images, dtype=torch.float32)
+    raw_test = dataset.x_test * model.std + model.mean  # type: ignore[operator]
+    assert torch.allclose(raw_test.squeeze(1)[:5].round(), raw_test.squeeze(1)[:5], atol=1e-3)  # whole pixels
+    assert float(raw_test.min()) >= -1e-3 and float(raw_test.max()) <= 16 + 1e-3
+    assert torch.equal(model.predict(raw_test), expected)
+    assert float((model.predict(raw) == torch.tensor(load_digits().target)).float().mean()) > 0.8
+    assert torch.equal(model.predict(raw[:3]), model.predict(raw[:3].unsqueeze(1)))  # (N, H, W) too
+
+
+def test_export_and_predict_from_the_command_line(run: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(run), str(tmp_path)]) == 2
+    assert "holds checkpoints of n00, n01: pick one with --node NAME" in capsys.readouterr().err
+    assert main(["export", str(run), str(tmp_path), "--node", "n09"]) == 2
+    assert "no checkpoint of n09 (it has: n00, n01)" in capsys.readouterr().err
+    assert main(["export", str(run), str(tmp_path), "--node", "n00"]) == 0
+    model = tmp_path / "n00-model.safetensors"
+    assert str(model) in capsys.readouterr().out
+    digits = load_digits()
+    np.savez(tmp_path / "some.npz", x=digits.images[:50], y=digits.target[:50])
+    assert main(["predict", str(model), str(tmp_path / "some.npz"), "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert len(rows) == 50 and {"input", "class", "probability", "label"} <= set(rows[0])
+    accuracy = float(captured.err.split()[1].rstrip("%")) / 100
+    assert accuracy == pytest.approx(np.mean([r["class"] == r["label"] for r in rows]), abs=1e-3)
+    assert accuracy > 0.7
+    # image files: 8x8 grey PNGs, pixels 0-255 standing for digits' 0-16
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray((digits.images[i] * 255 / 16).round().astype(np.uint8)).save(folder / f"d{i}.png")
+    assert main(["predict", str(model), str(folder), "--json"]) == 0
+    by_image = [r["class"] for r in json.loads(capsys.readouterr().out)]
+    assert by_image == [r["class"] for r in rows[:3]]
+    Image.fromarray(np.zeros((10, 10), dtype=np.uint8)).save(tmp_path / "big.png")
+    assert main(["predict", str(model), str(tmp_path / "big.png")]) == 2
+    assert "10x10 pixels; this model takes 8x8" in capsys.readouterr().err
+    np.save(tmp_path / "wrong.npy", np.zeros((2, 3, 8, 8)))
+    assert main(["predict", str(model), str(tmp_path / "wrong.npy")]) == 2
+    assert "inputs of shape (3, 8, 8); this cnn takes (1, 8, 8)" in capsys.readouterr().err
+
+
+def test_what_cannot_be_exported_or_loaded_is_named(run: Path, tmp_path: Path) -> None:
+    coordinator = _coordinatorlike(tmp_path)
+    with pytest.raises(CheckpointError, match="not a node's checkpoint with a model card"):
+        export_model(coordinator, tmp_path / "x.safetensors")
+    with pytest.raises(CheckpointError, match="has no model card"):
+        ExportedModel.load(coordinator)
+    card = json.loads(load_file_metadata(run / "n00.safetensors")[CARD])
+    assert card["node"] == "n00" and len(card["input_std"]) == 1 and card["pixel_max"] == 16.0
+
+
+def _coordinatorlike(tmp_path: Path) -> Path:
+    from p2pfed.learn.checkpoint import save_atomic
+
+    path = tmp_path / "coordinator.safetensors"
+    save_atomic({"round": 1, "models": {"0": {"w": torch.ones(1)}}}, path)
+    return path
+
+
+def load_file_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata())

@@ -1,0 +1,120 @@
+"""A node's own data: read in each format, split on the node (seeded, disjoint), standardised with its own
+training samples, and stopped with one line naming the file and what does not fit the recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+from p2pfed.learn.own import OwnDataError, Split, expected_shape, load_own_data
+from p2pfed.scenario.config import Scenario
+
+
+def digits_npz(path: Path, labels: list[int], n: int = 200) -> Path:
+    digits = load_digits()
+    keep = np.flatnonzero(np.isin(digits.target, labels))[:n]
+    np.savez(path, x=digits.images[keep], y=digits.target[keep])
+    return path
+
+
+def test_own_data_is_split_on_the_node_disjointly_and_the_same_way_each_time(tmp_path: Path) -> None:
+    path = digits_npz(tmp_path / "mine.npz", [0, 1, 2])
+    dataset, train, val, test = load_own_data(path, (1, 8, 8), 10, Split(0.2, 0.25), seed=3)
+    n = len(train) + len(val) + len(test)
+    assert n == 200 and len(test) == 50 and len(val) == 40 and len(train) == 110
+    assert dataset.input_shape == (1, 8, 8) and dataset.num_classes == 10  # the recipe's classes, not its own 3
+    assert len(dataset.y_train) == len(train) + len(val) and len(dataset.y_test) == len(test)
+    assert set(dataset.y_train.tolist()) | set(dataset.y_test.tolist()) == {0, 1, 2}
+    # standardised with the training samples' statistics only (validation and test are held out)
+    assert float(dataset.x_train[train].mean()) == pytest.approx(0.0, abs=1e-5)
+    assert float(dataset.x_train[train].std()) == pytest.approx(1.0, abs=1e-2)
+    raw = dataset.x_train * dataset.input_std + dataset.input_mean  # type: ignore[operator]
+    assert float(raw.min()) >= -1e-4 and float(raw.max()) <= 16 + 1e-4  # the card's units are the file's
+    again, *_ = load_own_data(path, (1, 8, 8), 10, Split(0.2, 0.25), seed=3)
+    other, *_ = load_own_data(path, (1, 8, 8), 10, Split(0.2, 0.25), seed=4)
+    assert torch.equal(again.x_test, dataset.x_test) and not torch.equal(other.x_test, dataset.x_test)
+    # every sample is in exactly one split
+    back = torch.cat([raw, again.x_test * again.input_std + again.input_mean]).round()  # type: ignore[operator]
+    rows = {tuple(r.flatten().tolist()) for r in back}
+    assert len(rows) == len(np.unique(load_digits().images[np.isin(load_digits().target, [0, 1, 2])][:200]
+                                      .reshape(200, -1), axis=0))
+
+
+def test_csv_and_image_folders_are_own_data_too(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(30, 4)).round(3)
+    labels = rng.integers(0, 3, 30)
+    lines = ["a,b,label,c"] + [f"{f[0]},{f[1]},{y},{f[2]}" for f, y in zip(features, labels, strict=True)]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    dataset, train, val, test = load_own_data(tmp_path / "t.csv", (3,), 3, Split(), seed=0)
+    assert dataset.input_shape == (3,) and len(train) + len(val) + len(test) == 30 and dataset.pixel_max == 0.0
+    from PIL import Image
+
+    for cls in ("cat", "dog"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(rng.integers(0, 255, (5, 5, 3), dtype=np.uint8)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    dataset, *_ = load_own_data(tmp_path / "imgs", (3, 5, 5), 2, Split(), seed=0)
+    assert dataset.input_shape == (3, 5, 5) and dataset.pixel_max == 1.0
+    assert sorted(set(dataset.y_train.tolist()) | set(dataset.y_test.tolist())) == [0, 1]
+
+
+@pytest.mark.parametrize(("make", "problem"), [
+    (lambda p: np.savez(p, x=np.zeros((20, 28, 28)), y=np.zeros(20, dtype=int)),
+     r"samples of shape \(1, 28, 28\), but the recipe's model takes \(1, 8, 8\)"),
+    (lambda p: np.savez(p, x=np.zeros((20, 8, 8)), y=np.arange(20)),
+     r"labels run from 0 to 19, but the recipe has 10 classes \(0 to 9, data.classes\)"),
+    (lambda p: np.savez(p, x=np.zeros((5, 8, 8)), y=np.zeros(5, dtype=int)), "5 samples; a node needs at least 10"),
+    (lambda p: np.savez(p, x=np.full((20, 8, 8), np.nan), y=np.zeros(20, dtype=int)), "NaN or infinite"),
+    (lambda p: np.savez(p, x=np.zeros((20, 8, 8)), y=np.zeros(20)), "labels 'y' must be integers, not float64"),
+    (lambda p: np.savez(p, images=np.zeros(3)), r"needs arrays 'x' \(samples\) and 'y' \(labels\); it has images"),
+    (lambda p: np.savez(p, x=np.zeros((20, 8, 8)), y=np.zeros(19, dtype=int)), "20 samples but 19 labels"),
+    (lambda p: p.write_bytes(b"not a zip"), "not a readable .npz"),
+])
+def test_data_that_does_not_fit_the_recipe_stops_the_node_with_one_line(tmp_path: Path, make, problem: str) -> None:
+    path = tmp_path / "mine.npz"
+    make(path)
+    with pytest.raises(OwnDataError, match=problem) as caught:
+        load_own_data(path, (1, 8, 8), 10, Split(), seed=0)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_other_mistakes_are_named(tmp_path: Path) -> None:
+    with pytest.raises(OwnDataError, match="no such file"):
+        load_own_data(tmp_path / "none.npz", (1, 8, 8), 10, Split(), seed=0)
+    (tmp_path / "t.txt").write_text("x")
+    with pytest.raises(OwnDataError, match=r"must be an \.npz"):
+        load_own_data(tmp_path / "t.txt", (1, 8, 8), 10, Split(), seed=0)
+    (tmp_path / "t.csv").write_text("a,label\n1,x\n")
+    with pytest.raises(OwnDataError, match="every value must be a number"):
+        load_own_data(tmp_path / "t.csv", (1,), 2, Split(), seed=0)
+    with pytest.raises(OwnDataError, match="fractions must each be in"):
+        load_own_data(tmp_path / "t.csv", (1,), 2, Split(0.5, 0.5), seed=0)
+    with pytest.raises(OwnDataError, match=r"set data\.input_shape"):
+        expected_shape("my-hospital", [], 0)
+    assert expected_shape("fmnist", [], 0) == ((1, 28, 28), 10)
+    assert expected_shape("my-hospital", [12], 2) == ((12,), 2)
+
+
+def test_the_recipe_fingerprint_covers_what_members_must_share_and_nothing_of_one_machine() -> None:
+    s = Scenario()
+    base = s.fingerprint("pfedlia-p2p", (1, 8, 8), 10, "classification")
+    assert len(base) == 16 and base == Scenario().fingerprint("pfedlia-p2p", [1, 8, 8], 10, "classification")
+    changed = [Scenario(seed=1), Scenario(rounds=5)]
+    s_lr = Scenario()
+    s_lr.train.lr = 0.5
+    s_opt = Scenario(method_tables={"pfedlia-p2p": {"warmup_rounds": 3}})
+    for other in [*changed, s_lr, s_opt]:
+        assert other.fingerprint("pfedlia-p2p", (1, 8, 8), 10, "classification") != base
+    assert s.fingerprint("pfedlia-p2p-paper", (1, 8, 8), 10, "classification") != base
+    assert s.fingerprint("pfedlia-p2p", (1, 8, 8), 47, "classification") != base
+    # the paper variant takes its base method's table: a change there changes it too
+    assert s_opt.fingerprint("pfedlia-p2p-paper", (1, 8, 8), 10, "classification") != \
+        s.fingerprint("pfedlia-p2p-paper", (1, 8, 8), 10, "classification")
+    same = Scenario(nodes=3, method_tables={"fedavg": {"x": 1}})
+    same.train.device, same.train.round_timeout, same.data.dataset = "cuda", 5.0, "fmnist"
+    assert same.fingerprint("pfedlia-p2p", (1, 8, 8), 10, "classification") == base
