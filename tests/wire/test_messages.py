@@ -77,11 +77,15 @@ def test_values_at_the_limits_are_accepted(value: object, spec: object) -> None:
 def test_every_message_type_checks_its_body() -> None:
     identity = {"address": "tcp://10.0.0.1:7000", "role": "node", "incarnation": 1, "pubkey": "", "round": 0,
                 "heartbeat": 1.0}
-    check_body("heartbeat", identity)
+    check_body("heartbeat", identity)  # without a recipe (a bootstrap, an earlier p2pfed)
+    check_body("heartbeat", {**identity, "recipe": "0123456789abcdef"})
     check_body("model", {"kind": "model", "samples": 3, "meta": GOOD_META})
     check_body("note", {"kind": "scores", "names": ["a", "b"], "values": [1e9, -1e9], "meta": {}})
     for mtype, body in [("heartbeat", {**identity, "heartbeat": math.nan}),
                         ("heartbeat", {**identity, "round": 1.5}),
+                        ("heartbeat", {**identity, "recipe": "0123456789abcdef0"}),  # 17 digits
+                        ("heartbeat", {**identity, "recipe": "0123\n6789abcdef"}),  # not hex: a forged log line
+                        ("heartbeat", {**identity, "recipe": 7}),
                         ("model", {"kind": "model", "samples": 3, "meta": {"lr": math.inf}}),
                         ("note", {"kind": "scores", "names": ["a"], "values": [math.nan], "meta": {}}),
                         ("note", {"kind": "scores", "names": ["a"], "values": [1e308], "meta": {}}),
