@@ -107,13 +107,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         state_dir=Path(args.state) if args.state else None))
 
 
-def cmd_mesh_status(args: argparse.Namespace) -> int:
-    """Print the peers a mesh member knows."""
+def _status_keys(args: argparse.Namespace) -> tuple[Any, bytes | None]:
+    """The CURVE keys of --keys and the public key of the member at --join (--join-key), for a keyed mesh."""
     import zmq.auth
 
     from p2pfed.net import security
-    from p2pfed.net.endpoint import query_status
-    from p2pfed.net.transport import DeliveryError
 
     keys = security.load_keys(Path(args.keys)) if args.keys else None
     server_key = None
@@ -123,6 +121,15 @@ def cmd_mesh_status(args: argparse.Namespace) -> int:
                       else keys.server_key_for(args.join_key))
         if server_key is None:
             raise ConfigError(f"no public key {args.join_key!r} in {keys.allowed_dir}; pass --join-key FILE")
+    return keys, server_key
+
+
+def cmd_mesh_status(args: argparse.Namespace) -> int:
+    """Print the peers a mesh member knows."""
+    from p2pfed.net.endpoint import query_status
+    from p2pfed.net.transport import DeliveryError
+
+    keys, server_key = _status_keys(args)
     try:
         reply = asyncio.run(query_status(args.join, mesh=args.mesh or "default", keys=keys,
                                          server_key=server_key, timeout=args.timeout))
@@ -331,6 +338,36 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard of a live mesh (--join) or of a run folder."""
+    from p2pfed.dashboard.server import MeshWatcher, make_app, serve
+    from p2pfed.dashboard.view import run_view
+
+    if bool(args.join) == bool(args.run_dir):
+        raise ConfigError("p2pfed dashboard takes --join tcp://HOST:PORT (a live mesh) or a run folder, one of them")
+
+    def started(url: str) -> None:
+        print(f"p2pfed dashboard: open {url}  (Ctrl-C stops it)", flush=True)
+
+    if args.run_dir:
+        folder = Path(args.run_dir)
+        run_view(folder)  # a folder that is not a run's is refused now, not in the page
+        return _run_until_signal(lambda stop: serve(make_app(lambda: run_view(folder)), args.host, args.port, stop,
+                                                    started))
+    keys, join_key = _status_keys(args)
+
+    async def live(stop: asyncio.Event) -> None:
+        watcher = MeshWatcher(args.join, mesh=args.mesh or "default", keys=keys, join_key=join_key,
+                              every=args.every)
+        await watcher.start()
+        try:
+            await serve(make_app(lambda: watcher.view), args.host, args.port, stop, started)
+        finally:
+            await watcher.stop()
+
+    return _run_until_signal(live)
+
+
 def _add_model_commands(sub: Any) -> None:
     """export, predict, convert: a node's personalised model out of its checkpoint, and put to use."""
     p = sub.add_parser("export", help="write a node's personalised model (safetensors, with its card)")
@@ -346,6 +383,18 @@ def _add_model_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.add_argument("--show", type=int, default=20, help="rows of the table to print (0: all)")
     p.set_defaults(func=cmd_predict, verbose=0)
+
+    p = sub.add_parser("dashboard", help="a web page of a live mesh (--join) or of a run folder")
+    p.add_argument("run_dir", nargs="?", help="a run folder (p2pfed run --out) or a node's folder, instead of --join")
+    p.add_argument("--join", help="tcp://HOST:PORT of any member of the live mesh")
+    p.add_argument("--port", type=int, default=8050, help="the page's port (0 picks one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: for other machines too)")
+    p.add_argument("--mesh", help="mesh name (default: default)")
+    p.add_argument("--keys", help="CURVE key folder, for a keyed mesh")
+    p.add_argument("--join-key", dest="join_key", default="bootstrap", help="public key of the member at --join")
+    p.add_argument("--every", type=float, default=2.0, help="seconds between looks at the mesh")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("convert", help="rewrite an earlier p2pfed's pickled checkpoints as safetensors")
     p.add_argument("files", nargs="+", help="NAME.ckpt, NAME.kept or coordinator.ckpt files you wrote")

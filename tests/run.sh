@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command: install what the tests need on a fresh machine, then run every check CI runs.
 #   Debian packages (as root, when missing): mosquitto for the broker tests, iproute2 for the multihost test,
+#   chromium for the dashboard's browser test,
 #   the word lists of the scandinavian dataset (wnorwegian, wswedish, wdanish).
 #   Python packages: torch 2.14.1 and torchvision 0.29.1 (from this machine's disk), p2pfed and its test extras.
-# Then: ruff and mypy over p2pfed/, import-linter's layers contract, the default (fast) tests, then the multihost, broker and slow tests, with the
+# Then: ruff and mypy over p2pfed/, import-linter's layers contract, the default (fast) tests, then the multihost, broker,
+# browser and slow tests, with the
 # line coverage of both (node processes included) printed at the end: a figure to read, not a gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +13,7 @@ if [ "$(id -u)" = 0 ]; then
   need=""
   command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need="$need mosquitto"
   command -v ip >/dev/null || need="$need iproute2"
+  command -v chromium >/dev/null || need="$need chromium"  # the dashboard's browser test (Playwright drives it)
   for list in bokmaal:wnorwegian swedish:wswedish danish:wdanish; do  # the scandinavian dataset's word lists
     [ -f "/usr/share/dict/${list%%:*}" ] || need="$need ${list#*:}"
   done
@@ -26,5 +29,6 @@ echo "== layers"  # the contract in pyproject.toml: imports run one way, down th
 python3 -c "from importlinter.cli import lint_imports_command; lint_imports_command(['--no-cache'])"
 rm -f .coverage .coverage.*
 echo "== default tests"; python3 -m pytest -q --cov --cov-report=
-echo "== multihost, broker and slow tests"; python3 -m pytest -q -m "multihost or broker or slow" --cov --cov-append \
+echo "== multihost, broker, browser and slow tests"; python3 -m pytest -q -m "multihost or broker or browser or slow" \
+  --cov --cov-append \
   --cov-report=term

@@ -32,6 +32,7 @@ from p2pfed.learn.train import state_of
 from p2pfed.methods import make_server
 from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
+from p2pfed.net.progress import Progress
 from p2pfed.net.transport import DeliveryError
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
@@ -63,6 +64,8 @@ class Coordinator:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = out_dir / "coordinator.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"coordinator{SUFFIX}"
+        # its status tells its grouping of the nodes (p2pfed dashboard)
+        endpoint.progress = Progress(method, groups=lambda: self.method.clusters()).body
 
     # -- what a server-side method may use (methods/central.py: ServerContext) -------------------
     def build(self, seed: int) -> dict[str, torch.Tensor]:

@@ -192,7 +192,9 @@ class Endpoint:
         await self.transport.close(linger_ms=500 if sent else 0)
 
     # -- talking to peers ------------------------------------------------------------------------
-    recipe = ""  # the fingerprint of what this member trains (scenario/recipe.py); "": none (a bootstrap)
+    recipe = ""  # the fingerprint of what this member trains (Scenario.fingerprint); "": none (a bootstrap)
+    # what a learning member adds to its status (wire LEARNING: its curve, its choice), None if it learns nothing
+    progress: Callable[[], dict[str, Any]] | None = None
 
     def identity(self) -> dict[str, Any]:
         """This member as the IDENTITY schema carries it."""
@@ -438,7 +440,10 @@ class Endpoint:
                 self._changed(change)
             return None
         if mtype == "status_req":
-            return self.message("status", {**self.identity(), "name": self.name, "peers": self.peers.snapshot()})
+            status = {**self.identity(), "name": self.name, "peers": self.peers.snapshot()}
+            if self.progress is not None:
+                status["learning"] = self.progress()
+            return self.message("status", status)
         change = self.peers.touched(msg.sender)
         if change:
             self._changed(change)

@@ -25,6 +25,7 @@ from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import pick_device, round_seed, state_of, train_copy
 from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.net.endpoint import Endpoint
+from p2pfed.net.progress import Progress
 from p2pfed.node.adversary import flip_labels
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
@@ -104,6 +105,8 @@ class LocalNode:
         self.metrics_path = out_dir / f"{self.name}.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"{self.name}{SUFFIX}"
         self.card = ModelCard.of(self.cfg.model, dataset, node=self.name, method=method or "")
+        self.progress = Progress(method or "")
+        endpoint.progress = self.progress.body  # its status tells its curve and choice (p2pfed dashboard)
 
     @property
     def samples(self) -> int:
@@ -134,3 +137,4 @@ class LocalNode:
 
     def record(self, event: str, **fields: Any) -> None:
         append_record(self.metrics_path, event, self.name, self.method_name, self.round, **fields)
+        self.progress.note(event, self.round, fields, self.method_name)

@@ -150,7 +150,7 @@ class Scenario:
         model. Not the data (each member's own) nor what is only this machine's (device, deadlines)."""
         train = {k: v for k, v in dataclasses.asdict(self.train).items()
                  if k not in ("device", "round_timeout", "eval_every")}
-        # the method's table and those it inherits (pfedlia-p2p's for pfedlia-p2p-paper)
+        # the method's table and those it inherits (a variant NAME-paper takes the table of NAME)
         options = {k: v for k, v in self.method_tables.items() if method == k or method.startswith(k + "-")}
         recipe = {"model": self.train.model, "input_shape": list(input_shape), "classes": classes, "task": task,
                   "method": method, "options": options, "train": train,

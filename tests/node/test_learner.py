@@ -26,6 +26,7 @@ from p2pfed.net.membership import ALIVE
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
 from p2pfed.wire import Message, WireError
+from p2pfed.wire.messages import check_body
 
 SCENARIO = """
 [scenario]
@@ -610,3 +611,18 @@ async def test_a_node_trains_and_evaluates_with_its_datasets_task(tmp_path: Path
     spy = n.task = SpyTask()
     assert await n.run_round(0) == 0  # alone: trains, averages its own model, evaluates
     assert spy.losses > 1 and spy.predictions >= 1
+
+
+async def test_what_a_node_records_is_what_its_status_tells_the_dashboard(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = node(scenario(tmp_path), members, tmp_path)
+    assert n.endpoint.progress is not None and n.endpoint.progress()["method"] == "pfedlia-p2p"
+    n.round = 3
+    n.record("round", accuracy=0.75, loss=0.5, participated=True)
+    n.record("choice", chosen=["n02", "n00"], scores={"n00": 0.2, "n02": 0.1})
+    told = n.endpoint.progress()
+    assert (told["rounds"], told["accuracy"], told["loss"]) == ([3], [0.75], [0.5])
+    assert told["chosen"] == ["n00", "n02"] and dict(zip(told["names"], told["values"], strict=True)) == \
+        {"n00": 0.2, "n02": 0.1}
+    check_body("status", {**n.endpoint.identity(), "address": "tcp://127.0.0.1:1", "name": "n01", "peers": [],
+                          "learning": told})  # what the wire lets through

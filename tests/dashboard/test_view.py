@@ -1,0 +1,126 @@
+"""What the dashboard page is given: a live mesh's view from the members' statuses over real sockets (a member
+whose status breaks the wire's bounds is left out, the rest shown), a run folder's view from its records,
+and the command's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from p2pfed.cli import main
+from p2pfed.dashboard.server import MeshWatcher, make_app, serve
+from p2pfed.dashboard.view import run_view
+from p2pfed.net.endpoint import Endpoint, MeshOptions
+from p2pfed.net.progress import Progress
+from p2pfed.report.records import append_record
+from tests.helpers import wait_until
+
+FAST = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=6, join_timeout=1.0)
+
+
+def learned(method: str, chosen: list[str], scores: dict[str, float], curve: list[tuple[int, float, float]]
+            ) -> Progress:
+    progress = Progress()
+    for rnd, accuracy, loss in curve:
+        progress.note("round", rnd, {"accuracy": accuracy, "loss": loss}, method)
+    progress.note("choice", curve[-1][0], {"chosen": chosen, "scores": scores}, method)
+    return progress
+
+
+async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callable[..., Endpoint]) -> None:
+    boot = members("bootstrap", "bootstrap", options=FAST)
+    await boot.start("tcp://127.0.0.1:0")
+    nodes = {}
+    for name in ("n0", "n1", "n2", "liar"):
+        nodes[name] = members(name, options=FAST)
+        await nodes[name].start("tcp://127.0.0.1:0", [boot.address])
+    nodes["n0"].progress = learned("pfedlia-p2p", ["n1"], {"n1": 0.5, "n2": -0.25},
+                                   [(0, 0.5, 2.0), (1, 0.75, math.nan), (1, 0.8, 1.0)]).body
+    nodes["n1"].progress = learned("pfedlia-p2p", ["n0"], {"n0": 0.4}, [(0, 0.6, 1.5)]).body
+    nodes["n2"].progress = learned("pfedlia-p2p", [], {}, [(0, 0.3, 2.2)]).body
+    liar = learned("pfedlia-p2p", ["n0"], {}, [(0, 0.5, 1.0)]).body()
+    nodes["liar"].progress = lambda: {**liar, "accuracy": [7.0]}  # outside the wire's bounds: refused
+    await wait_until(lambda: len(boot.peers.live()) == 4, what="all four alive at the bootstrap")
+    watcher = MeshWatcher(boot.address, every=0.2)
+    await watcher.start()
+    try:
+        view = await watcher.poll()
+    finally:
+        await watcher.stop()
+    assert view["live"] and view["error"] == "" and view["source"] == boot.address
+    m = view["methods"]["pfedlia-p2p"]
+    assert [x["name"] for x in m["members"]] == ["n0", "n1", "n2"]  # the bootstrap is not a learner
+    assert view["methods"]["(not learning yet)"]["members"][0]["name"] == "liar"  # its status was refused
+    assert m["chosen"] == {"n0": ["n1"], "n1": ["n0"], "n2": []}
+    assert m["groups"]["n0"] == m["groups"]["n1"] != m["groups"]["n2"]
+    # round 1's final evaluation replaced its first; a loss that was not finite is unknown (null)
+    assert m["curves"]["n0"] == {"rounds": [0, 1], "accuracy": [0.5, 0.8], "loss": [2.0, 1.0]}
+    assert m["scores"]["n0"] == {"n1": 0.5, "n2": -0.25} and m["scores"]["n1"] == {"n0": 0.4}
+    assert all(x["state"] == "alive" for x in m["members"])
+
+
+def write_run(run: Path) -> None:
+    """A run folder as p2pfed run leaves it: a p2p method's and a coordinated method's records."""
+    p2p, central = run / "pfedlia-p2p", run / "fesem"
+    for folder in (p2p, central):
+        folder.mkdir(parents=True)
+    for node, chosen, acc in [("n00", ["n01"], 0.9), ("n01", ["n00"], 0.8), ("n02", [], 0.7)]:
+        path = p2p / f"{node}.jsonl"
+        append_record(path, "round", node, "pfedlia-p2p", 0, accuracy=acc - 0.2, loss=1.0)
+        append_record(path, "choice", node, "pfedlia-p2p", 1, chosen=chosen, scores={"n00": 0.1, "n02": -0.2})
+        append_record(path, "round", node, "pfedlia-p2p", 1, accuracy=acc, loss=float("nan"))
+        append_record(path, "final", node, "pfedlia-p2p", 1, accuracy=acc, loss=0.5, chosen=chosen)
+    append_record(central / "coordinator.jsonl", "final", "coordinator", "fesem", 2, assignment={"n00": 1, "n01": 0})
+    append_record(central / "n00.jsonl", "round", "n00", "fesem", 2, accuracy=0.5)
+    (run / "summary.json").write_text(json.dumps({"methods": {"fesem": {"crashed": {"n00": "killed"}}}}))
+
+
+def test_a_run_folder_is_seen_through_its_records(tmp_path: Path) -> None:
+    write_run(tmp_path / "run")
+    view = run_view(tmp_path / "run")
+    assert not view["live"] and sorted(view["methods"]) == ["fesem", "pfedlia-p2p"]
+    m = view["methods"]["pfedlia-p2p"]
+    assert m["chosen"] == {"n00": ["n01"], "n01": ["n00"], "n02": []}
+    assert m["groups"]["n00"] == m["groups"]["n01"] != m["groups"]["n02"]
+    assert m["curves"]["n00"] == {"rounds": [0, 1], "accuracy": [pytest.approx(0.7), 0.9], "loss": [1.0, 0.5]}
+    assert {x["name"]: x["state"] for x in m["members"]} == dict.fromkeys(["n00", "n01", "n02"], "finished")
+    c = view["methods"]["fesem"]
+    assert c["groups"] == {"n00": 1, "n01": 0}  # the coordinator's grouping
+    assert [(x["name"], x["role"], x["state"]) for x in c["members"]] == [
+        ("coordinator", "coordinator", "finished"), ("n00", "node", "crashed")]
+    assert run_view(tmp_path / "run" / "pfedlia-p2p")["methods"].keys() == {"pfedlia-p2p"}  # one method's folder
+    with pytest.raises(FileNotFoundError, match="holds no records"):
+        run_view(tmp_path)
+
+
+async def test_the_page_and_its_data_are_served(tmp_path: Path) -> None:
+    write_run(tmp_path / "run")
+    stop = asyncio.Event()
+    urls: list[str] = []
+    server = asyncio.ensure_future(serve(make_app(lambda: run_view(tmp_path / "run")), "127.0.0.1", 0, stop,
+                                         urls.append))
+    try:
+        await wait_until(lambda: bool(urls), what="the server to listen")
+        async with aiohttp.ClientSession() as session:
+            async with session.get(urls[0]) as page:
+                assert page.status == 200 and "p2pfed dashboard" in await page.text()
+            async with session.get(urls[0] + "api/view") as data:
+                assert (await data.json())["methods"]["pfedlia-p2p"]["chosen"]["n00"] == ["n01"]
+    finally:
+        stop.set()
+        await server
+
+
+def test_the_command_refuses_what_it_cannot_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dashboard"]) == 2
+    assert "takes --join tcp://HOST:PORT (a live mesh) or a run folder" in capsys.readouterr().err
+    assert main(["dashboard", str(tmp_path), "--join", "tcp://127.0.0.1:1"]) == 2
+    capsys.readouterr()
+    assert main(["dashboard", str(tmp_path)]) == 2
+    assert "holds no records" in capsys.readouterr().err
