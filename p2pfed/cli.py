@@ -338,6 +338,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+LOCAL = ("127.0.0.1", "localhost", "::1")  # a dashboard served here only, which checks requests' Host
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """Serve the dashboard of a live mesh (--join) or of a run folder."""
     from p2pfed.dashboard.server import MeshWatcher, make_app, serve
@@ -352,8 +355,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if args.run_dir:
         folder = Path(args.run_dir)
         run_view(folder)  # a folder that is not a run's is refused now, not in the page
-        return _run_until_signal(lambda stop: serve(make_app(lambda: run_view(folder)), args.host, args.port, stop,
-                                                    started))
+        app = make_app(lambda: run_view(folder), local_only=args.host in LOCAL)
+        return _run_until_signal(lambda stop: serve(app, args.host, args.port, stop, started))
     keys, join_key = _status_keys(args)
 
     async def live(stop: asyncio.Event) -> None:
@@ -361,7 +364,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
                               every=args.every)
         await watcher.start()
         try:
-            await serve(make_app(lambda: watcher.view), args.host, args.port, stop, started)
+            await serve(make_app(lambda: watcher.view, local_only=args.host in LOCAL), args.host, args.port, stop,
+                        started)
         finally:
             await watcher.stop()
 

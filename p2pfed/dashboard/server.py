@@ -82,6 +82,8 @@ class MeshWatcher:
                 peer["round"] = answer.body["round"]  # its own word: fresher than what its last heartbeat said
                 if "learning" in answer.body:
                     self.learning[peer["name"]] = answer.body["learning"]
+        for gone in set(self.learning) - {p["name"] for p in peers}:  # forgotten by the mesh: forgotten here
+            del self.learning[gone]
         self.view = {**live_view(self.join, peers, self.learning), "error": "", "updated": time.time()}
         return self.view
 
@@ -102,9 +104,19 @@ async def _no_handler(msg: Message) -> Message | None:
     raise WireError("the dashboard takes no messages")
 
 
-def make_app(view: Callable[[], dict[str, Any]]) -> web.Application:
-    """The page at / and its data at /api/view (what view() returns)."""
+def make_app(view: Callable[[], dict[str, Any]], local_only: bool = True) -> web.Application:
+    """The page at / and its data at /api/view (what view() returns). local_only: answer only requests that
+    name this machine (Host 127.0.0.1 or localhost), so a web page elsewhere cannot read the view through a
+    name it points at 127.0.0.1 (DNS rebinding)."""
     page = resources.files("p2pfed.dashboard").joinpath("static/index.html").read_text()
+
+    @web.middleware
+    async def this_machine(request: web.Request, handler: Any) -> web.StreamResponse:
+        host = (request.host or "").rsplit(":", 1)[0].strip("[]")
+        if local_only and host not in ("127.0.0.1", "localhost", "::1"):
+            return web.Response(status=403, text="p2pfed dashboard: served on this machine only (Host header)")
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def index(_: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/html")
@@ -115,7 +127,7 @@ def make_app(view: Callable[[], dict[str, Any]]) -> web.Application:
         except (OSError, ValueError) as exc:  # a run folder being written, or gone
             return web.json_response({"methods": {}, "error": cut(str(exc), 200)})
 
-    app = web.Application()
+    app = web.Application(middlewares=[this_machine])
     app.add_routes([web.get("/", index), web.get("/api/view", data)])
     return app
 

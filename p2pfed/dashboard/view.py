@@ -42,6 +42,7 @@ def live_view(source: str, peers: Iterable[Mapping[str, Any]], learning: Mapping
     LEARNING part of each learning member's own status, by name (checked by the wire schema on arrival)."""
     members = [{"name": p["name"], "role": p["role"], "state": p["state"], "round": p["round"],
                 "age": round(float(p["age"]), 1)} for p in peers if p["role"] != "bootstrap"]
+    known = {m["name"] for m in members}  # a member may name anyone: only members the mesh knows are drawn
     by_method: dict[str, dict[str, Any]] = {}
     for member in members:
         info = learning.get(member["name"], {})
@@ -52,13 +53,15 @@ def live_view(source: str, peers: Iterable[Mapping[str, Any]], learning: Mapping
         if not info:
             continue
         if member["role"] == "coordinator":
-            part["assignment"].update(zip(info["names"], info["groups"], strict=False))
+            part["assignment"].update((n, g) for n, g in zip(info["names"], info["groups"], strict=False)
+                                      if n in known)
             continue
-        part["chosen"][member["name"]] = list(info["chosen"])
+        part["chosen"][member["name"]] = [p for p in info["chosen"] if p in known]
         part["curves"][member["name"]] = {"rounds": list(info["rounds"]), "accuracy": list(info["accuracy"]),
                                           "loss": [None if x < 0 else x for x in info["loss"]]}
         if info["names"] and not info["groups"]:
-            part["scores"][member["name"]] = dict(zip(info["names"], info["values"], strict=False))
+            part["scores"][member["name"]] = {n: v for n, v in zip(info["names"], info["values"], strict=False)
+                                              if n in known}
     return {"source": source, "live": True, "methods": {
         m: method_view(p["members"], p["chosen"], p["curves"], p["scores"], p["assignment"] or None)
         for m, p in sorted(by_method.items())}}

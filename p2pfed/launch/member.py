@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.waits import unless_stopped
 
 if TYPE_CHECKING:
+    from p2pfed.learn.datasets import Dataset
     from p2pfed.scenario.config import Scenario
 
 log = logging.getLogger(__name__)
@@ -149,26 +151,54 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     name = cfg.name or socket.gethostname()
     shape, classes = expected_shape(recipe.data.dataset, recipe.data.input_shape, recipe.data.classes)
     split = Split(recipe.data.val_fraction, recipe.data.test_fraction)
-    dataset, train, val, test = load_own_data(data_path, shape, classes, split, recipe.seed + own_index(name))
+    dataset, train, val, test = load_own_data(data_path, shape, classes, split, recipe.seed + own_index(name),
+                                              recipe.data.class_names)
+    check_model_takes(recipe.train.model, dataset, data_path)
     log.info("%s: own data %s: %d training, %d validation, %d test samples of %s, %d classes", name, data_path,
              len(train), len(val), len(test), shape, classes)
     partition = Partition([Shard(train, val, test, sorted(set(dataset.y_train.tolist())))], [-1])
     use_scenario_mesh(cfg, recipe, method)
     cfg.name = name
     out.mkdir(parents=True, exist_ok=True)
-    endpoint = make_endpoint(cfg, "node")
-    endpoint.recipe = recipe_of(recipe, method, dataset)
-    await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
-    try:
-        if not await unless_stopped(stop, endpoint.wait_joined(JOIN_WAIT)):
-            return
+
+    async def learn(endpoint: Endpoint) -> None:
         node: LearningNode | CentralNode
         if method is None or is_central(method):
             node = CentralNode(recipe, 0, method, dataset, partition, endpoint, out, coordinator=coordinator,
                                name=name)
         else:
             node = LearningNode(recipe, 0, method, dataset, partition, endpoint, out, name=name)
-        await unless_stopped(stop, node.run(0, wait_for_peers=wait_for))
+        await node.run(0, wait_for_peers=wait_for)
+
+    await _joined(cfg, "node", recipe_of(recipe, method, dataset), stop, learn)
+
+
+def check_model_takes(model: str, dataset: Dataset, where: Path) -> None:
+    """Stop, before joining, if the recipe's model cannot take this data (e.g. a CNN given feature rows)."""
+    import torch
+
+    from p2pfed.learn.models import build_model
+    from p2pfed.learn.own import OwnDataError
+
+    try:
+        with torch.no_grad():
+            build_model(model, dataset.input_shape, dataset.num_classes)(dataset.x_train[:2])
+    except (RuntimeError, ValueError) as exc:
+        raise OwnDataError(f"{where}: the recipe's model {model!r} cannot take samples of shape "
+                           f"{dataset.input_shape} ({str(exc).splitlines()[0][:150]}); for feature rows use "
+                           "model = \"logreg\"") from None
+
+
+async def _joined(cfg: NodeConfig, role: str, recipe: str, stop: asyncio.Event,
+                  work: Callable[[Endpoint], Awaitable[None]]) -> None:
+    """Start the member cfg describes (advertising recipe), join, run work(endpoint) until it ends or stop is
+    set, and stop the member whatever happens."""
+    endpoint = make_endpoint(cfg, role)
+    endpoint.recipe = recipe
+    await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
+    try:
+        if await unless_stopped(stop, endpoint.wait_joined(JOIN_WAIT)):
+            await unless_stopped(stop, work(endpoint))
     finally:
         await endpoint.stop()
         log.info("%s: stopped", endpoint.name)
@@ -193,14 +223,8 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     cfg.name = cfg.name or "coordinator"
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
-    endpoint = make_endpoint(cfg, "coordinator")
-    endpoint.recipe = recipe_of(scenario, method, dataset)
-    await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
-    try:
-        if not await unless_stopped(stop, endpoint.wait_joined(JOIN_WAIT)):
-            return
-        coordinator = Coordinator(scenario, method, endpoint, dataset, partition, out, state_dir)
-        await unless_stopped(stop, coordinator.run(wait_for=wait_for))
-    finally:
-        await endpoint.stop()
-        log.info("%s: stopped", endpoint.name)
+
+    async def coordinate(endpoint: Endpoint) -> None:
+        await Coordinator(scenario, method, endpoint, dataset, partition, out, state_dir).run(wait_for=wait_for)
+
+    await _joined(cfg, "coordinator", recipe_of(scenario, method, dataset), stop, coordinate)

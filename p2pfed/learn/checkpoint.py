@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,15 @@ def save_atomic(obj: Mapping[str, Any], path: Path, metadata: Mapping[str, str] 
 
 def load_own(path: Path) -> dict[str, Any]:
     """Read a checkpoint save_atomic wrote (tensors and JSON only: nothing in the file can run code)."""
-    tree, tensors, _ = read(path)
+    return load_with_metadata(path)[0]
+
+
+def load_with_metadata(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """A checkpoint's tree, its tensors in place, and the metadata stored beside it."""
+    tree, tensors, metadata = read(path)
     if not isinstance(tree, dict):
         raise CheckpointError(f"{path} holds no checkpoint tree")
-    return _unflatten(tree, tensors)
+    return _unflatten(tree, tensors), metadata
 
 
 def read(path: Path) -> tuple[Any, dict[str, torch.Tensor], dict[str, str]]:
@@ -87,7 +93,11 @@ def convert(old: Path) -> Path:
     """Rewrite a pickled checkpoint of an earlier p2pfed (NAME.ckpt, NAME.kept) as safetensors beside it and
     return the new path. Only on the user's command, for a file they vouch for: it is unpickled, though with
     torch's weights_only loader, which admits tensors and plain containers only."""
-    obj = torch.load(old, weights_only=True)
+    try:
+        obj = torch.load(old, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as exc:
+        raise CheckpointError(f"{old}: not a checkpoint p2pfed can convert (only tensors and plain data are read: "
+                              f"{str(exc).splitlines()[0][:200]})") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{old} does not hold a dict; not a p2pfed checkpoint")
     new = old.with_name((old.name if old.suffix == ".kept" else old.stem) + SUFFIX)

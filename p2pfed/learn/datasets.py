@@ -75,7 +75,7 @@ def normalised(name: str, x_train: torch.Tensor, y_train: torch.Tensor, x_test: 
     first (digits' 0-16 pixels by 16), so a model is asked about raw data; pixel_max is a white pixel in those
     units (default scale; 0 for inputs that are not images)."""
     dims = [0, 2, 3] if x_train.dim() == 4 else [0]
-    fit = x_train[:stats_of] if stats_of else x_train
+    fit = x_train[:stats_of] if stats_of is not None else x_train
     mean = fit.mean(dim=dims, keepdim=True)
     std = fit.std(dim=dims, keepdim=True).nan_to_num(1.0).clamp_min(1e-6)
     return Dataset(name, (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, classes,

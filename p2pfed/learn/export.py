@@ -14,15 +14,16 @@ recipe's fingerprint. ``ExportedModel`` rebuilds the model from the card and pre
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from p2pfed.learn.checkpoint import CheckpointError, read, save_atomic
+from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, read, save_atomic
 from p2pfed.learn.datasets import Dataset
-from p2pfed.learn.models import build_model
+from p2pfed.learn.models import MODELS, build_model
 
 CARD = "p2pfed.card"  # metadata key of the card, in node checkpoints and exported models
 
@@ -53,9 +54,33 @@ class ModelCard:
         try:
             data = json.loads(text)
             data["input_shape"] = tuple(int(d) for d in data["input_shape"])
-            return cls(**data)
+            card = cls(**data)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{where}: its model card cannot be read ({exc})") from None
+            raise CheckpointError(f"{where}: its model card cannot be read ({str(exc)[:200]})") from None
+        problem = card.problem()
+        if problem:  # a model file may come from anyone: its card must not make us build something absurd
+            raise CheckpointError(f"{where}: its model card {problem}")
+        return card
+
+    def problem(self) -> str:
+        """What makes the card unusable ("" if nothing): unknown model, sizes out of bounds, odd statistics."""
+        size = math.prod(self.input_shape) if self.input_shape else 0
+        stats = (self.input_mean, self.input_std)
+        if self.model not in MODELS:
+            return f"names an unknown model {self.model[:40]!r}"
+        if not 1 <= len(self.input_shape) <= 4 or not all(1 <= d <= 100_000 for d in self.input_shape) \
+                or size > 50_000_000:
+            return f"has an input shape out of bounds: {self.input_shape[:8]}"
+        if not 1 <= self.num_classes <= 1_000_000:
+            return f"has {self.num_classes} classes (1 to 1000000)"
+        if len(self.input_mean) != len(self.input_std) or len(self.input_mean) not in (0, self.input_shape[0], size):
+            return "has standardisation statistics that do not fit its input shape"
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for s in stats for v in s) \
+                or any(v <= 0 for v in self.input_std):
+            return "has standardisation statistics that are not finite numbers (std above 0)"
+        if not (isinstance(self.pixel_max, (int, float)) and 0 <= self.pixel_max <= 1e6):
+            return "has a pixel value out of bounds"
+        return ""
 
     @classmethod
     def of(cls, model: str, dataset: Dataset, **origin: Any) -> ModelCard:
@@ -70,13 +95,14 @@ class ModelCard:
 def export_model(checkpoint: Path, out: Path) -> ModelCard:
     """Write the personalised model of a node's checkpoint (NAME.safetensors, written with its card) to out;
     return its card."""
-    tree, tensors, metadata = read(checkpoint)
-    if CARD not in metadata or not isinstance(tree, dict) or not isinstance(tree.get("model"), dict):
+    tree, metadata = load_with_metadata(checkpoint)
+    model = tree.get("model")
+    if CARD not in metadata or not isinstance(model, dict) or not all(isinstance(t, torch.Tensor)
+                                                                       for t in model.values()):
         raise CheckpointError(f"{checkpoint} is not a node's checkpoint with a model card (a coordinator's, or "
                               "one written before p2pfed kept cards): nothing to export")
     card = ModelCard.from_json(metadata[CARD], str(checkpoint))
-    state = {name: tensors[f"model/{name}"] for name in tree["model"]}
-    save_atomic(state, out, metadata={CARD: card.to_json()})
+    save_atomic(model, out, metadata={CARD: card.to_json()})
     return card
 
 
@@ -86,7 +112,9 @@ class ExportedModel:
     def __init__(self, card: ModelCard, module: torch.nn.Module) -> None:
         self.card = card
         self.module = module.eval()
-        dims = (-1, *[1] * (len(card.input_shape) - 1))  # per channel, broadcast over the rest
+        # per channel (images), broadcast over the rest; or per input element (feature rows, sequences)
+        per_element = len(card.input_mean) == math.prod(card.input_shape)
+        dims = card.input_shape if per_element else (-1, *[1] * (len(card.input_shape) - 1))
         self.mean = torch.tensor(card.input_mean).reshape(dims) if card.input_mean else None
         self.std = torch.tensor(card.input_std).reshape(dims) if card.input_std else None
 
@@ -99,10 +127,11 @@ class ExportedModel:
             raise CheckpointError(f"{path} has no model card: not a model `p2pfed export` wrote")
         card = ModelCard.from_json(metadata[CARD], str(path))
         module = build_model(card.model, card.input_shape, card.num_classes)
-        state = {name: tensors[name] for name in tree} if isinstance(tree, dict) else tensors
+        # its tensors under their own names; a file another tool wrote (no tree) holds the state dict as it is
+        state = load_with_metadata(path)[0] if tree else tensors
         try:
             module.load_state_dict(state)
-        except RuntimeError as exc:
+        except (RuntimeError, TypeError) as exc:
             raise CheckpointError(f"{path}: its tensors do not fit a {card.model} for inputs "
                                   f"{card.input_shape}: {str(exc)[:300]}") from None
         return cls(card, module)
@@ -150,12 +179,17 @@ def read_inputs(path: Path, card: ModelCard) -> tuple[torch.Tensor, torch.Tensor
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path}: not a readable NumPy file ({exc})") from None
         if path.suffix == ".npy":
-            return torch.as_tensor(loaded, dtype=torch.float32), None, [str(i) for i in range(len(loaded))]
-        with loaded as f:
-            if "x" not in f:
-                raise ValueError(f"{path}: an .npz to predict from needs an array 'x' (and may hold 'y' to score)")
-            x = torch.as_tensor(f["x"], dtype=torch.float32)
-            y = torch.as_tensor(f["y"], dtype=torch.int64) if "y" in f else None
+            x, y = torch.as_tensor(loaded, dtype=torch.float32), None
+        else:
+            with loaded as f:
+                if "x" not in f:
+                    raise ValueError(f"{path}: an .npz to predict from needs an array 'x' (and may hold 'y' to score)")
+                x = torch.as_tensor(f["x"], dtype=torch.float32)
+                y = torch.as_tensor(f["y"], dtype=torch.int64).reshape(-1) if "y" in f else None
+        if x.dim() == 0:
+            raise ValueError(f"{path}: holds one number, not inputs")
+        if y is not None and len(y) != len(x):
+            raise ValueError(f"{path}: {len(x)} inputs but {len(y)} labels")
         return x, y, [str(i) for i in range(len(x))]
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
     if not files or any(f.suffix.lower() not in IMAGE_SUFFIXES for f in files):

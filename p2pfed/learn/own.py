@@ -3,7 +3,8 @@ training, validation and test samples, and checked against what the mesh's recip
 ever leaves the node; only models do.
 
 Formats: an ``.npz`` of ``x`` (N, ...) and ``y`` (N,); an ImageFolder (one sub-folder of images per class,
-sub-folders sorted by name give the class numbers); a CSV of feature columns and a label column.
+named by its class number, 0 to classes-1, or by a name of the recipe's data.class_names, so that every
+machine numbers classes alike whatever classes it lacks); a CSV of feature columns and a label column.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ class Split:
                                "and leave samples to train on")
 
 
-def read_own(path: Path) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The samples and labels at path, and the value of a white pixel in their units (0: not images)."""
+def read_own(path: Path, channels: int = 3, class_names: list[str] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The samples and labels at path, and the value of a white pixel in their units (0: not images). Images
+    are read with channels channels (1: grey); an ImageFolder's class folders are class numbers, or names
+    of class_names."""
     if not path.exists():
         raise OwnDataError(f"{path}: no such file or folder")
     if path.suffix == ".npz":
@@ -59,23 +63,47 @@ def read_own(path: Path) -> tuple[torch.Tensor, torch.Tensor, float]:
             if isinstance(exc, OwnDataError):
                 raise
             raise OwnDataError(f"{path}: not a readable .npz ({exc})") from None
-        if not np.issubdtype(y.dtype, np.integer):
-            raise OwnDataError(f"{path}: labels 'y' must be integers, not {y.dtype}")
+        if not np.issubdtype(y.dtype, np.integer) or y.ndim != 1:
+            raise OwnDataError(f"{path}: labels 'y' must be one integer per sample, not {y.dtype} of shape {y.shape}")
         xt = torch.as_tensor(x, dtype=torch.float32)
         return xt, torch.as_tensor(y, dtype=torch.int64), 0.0
     if path.suffix == ".csv":
         return *_read_csv(path), 0.0
     if path.is_dir():
-        import torchvision
-
-        try:
-            folder = torchvision.datasets.ImageFolder(str(path), transform=torchvision.transforms.ToTensor())
-        except (FileNotFoundError, OSError) as exc:
-            raise OwnDataError(f"{path}: not an ImageFolder (one sub-folder of images per class): {exc}") from None
-        x = torch.stack([folder[i][0] for i in range(len(folder))])
-        return x, torch.tensor(folder.targets, dtype=torch.int64), 1.0  # ToTensor: pixels in 0..1
+        return *_read_image_folder(path, channels, class_names or []), 1.0  # ToTensor: pixels in 0..1
     raise OwnDataError(f"{path}: own data must be an .npz (x, y), a .csv (features and a 'label' column) or an "
                        "ImageFolder directory")
+
+
+def _read_image_folder(path: Path, channels: int, class_names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    import torchvision
+    from PIL import Image
+
+    def load(file: str) -> Image.Image:
+        with Image.open(file) as img:
+            return img.convert("L" if channels == 1 else "RGB")
+
+    try:
+        folder = torchvision.datasets.ImageFolder(str(path), loader=load, transform=torchvision.transforms.ToTensor())
+    except (FileNotFoundError, OSError) as exc:
+        raise OwnDataError(f"{path}: not an ImageFolder (one sub-folder of images per class): {exc}") from None
+    number = {}
+    for name in folder.classes:  # the folder's own numbering depends on which classes it has: not ours
+        if name in class_names:
+            number[name] = class_names.index(name)
+        elif name.isdigit():
+            number[name] = int(name)
+        else:
+            raise OwnDataError(f"{path}: class folder {name!r} is neither a class number nor one of the recipe's "
+                               "data.class_names; name folders 0, 1, ... (or list the names in data.class_names) "
+                               "so that every machine numbers classes alike")
+    images = [folder[i][0] for i in range(len(folder))]
+    if len({tuple(img.shape) for img in images}) > 1:
+        sizes = sorted({"x".join(map(str, img.shape[1:])) for img in images})
+        raise OwnDataError(f"{path}: images of different sizes ({', '.join(sizes)}); give every image the recipe's "
+                           "size")
+    labels = [number[folder.classes[t]] for t in folder.targets]
+    return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
 
 def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,13 +139,13 @@ def expected_shape(dataset: str, input_shape: list[int], classes: int) -> tuple[
     return (tuple(input_shape) if input_shape else shape), (classes or known)
 
 
-def load_own_data(path: Path, shape: tuple[int, ...], classes: int, split: Split, seed: int
-                  ) -> tuple[Dataset, np.ndarray, np.ndarray, np.ndarray]:
+def load_own_data(path: Path, shape: tuple[int, ...], classes: int, split: Split, seed: int,
+                  class_names: list[str] | None = None) -> tuple[Dataset, np.ndarray, np.ndarray, np.ndarray]:
     """This node's data at path, checked against the recipe's input shape and class count, standardised with
     its own training statistics, and split (seeded) into training, validation and test samples. Returns the
     dataset (x_train holding training and validation samples) and the three index arrays."""
     split.check()
-    x, y, pixel_max = read_own(path)
+    x, y, pixel_max = read_own(path, shape[0] if len(shape) == 3 else 3, class_names)
     if x.dim() == len(shape) and len(shape) == 3 and shape[0] == 1:
         x = x.unsqueeze(1)  # grey images stored without their channel axis: (N, H, W)
     if tuple(x.shape[1:]) != shape:
@@ -137,6 +165,9 @@ def load_own_data(path: Path, shape: tuple[int, ...], classes: int, split: Split
     n_test = max(1, round(split.test * len(y)))
     n_val = max(1, round(split.val * len(y)))
     test, val, train = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
+    if len(train) < 1:
+        raise OwnDataError(f"{path}: {len(y)} samples leave none to train on after {n_val} for validation and "
+                           f"{n_test} for testing (data.val_fraction, data.test_fraction)")
     trainval = np.concatenate([train, val])
     dataset = normalised(path.stem, x[trainval], y[trainval], x[test], y[test], classes, pixel_max=pixel_max,
                          stats_of=len(train))

@@ -35,7 +35,7 @@ from p2pfed.net.throttle import LogLimiter
 from p2pfed.net.transport import BadAddress, DeliveryError, Handler, Refusal, Transport, TransportOptions
 from p2pfed.net.waits import first_of
 from p2pfed.wire import Message, TryLater, WireError
-from p2pfed.wire.messages import MAX_PEERS_LISTED, check_address
+from p2pfed.wire.messages import LEARNING, MAX_PEERS_LISTED, SchemaError, check_address, check_value
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +442,13 @@ class Endpoint:
         if mtype == "status_req":
             status = {**self.identity(), "name": self.name, "peers": self.peers.snapshot()}
             if self.progress is not None:
-                status["learning"] = self.progress()
+                learning = self.progress()
+                try:  # a bug in what it tells must not cost the status itself (p2pfed mesh status)
+                    check_value(learning, LEARNING, "learning")
+                    status["learning"] = learning
+                except SchemaError as exc:
+                    log.error("%s: its learning progress breaks the wire's bounds, left out of its status: %s",
+                              self.name, exc)
             return self.message("status", status)
         change = self.peers.touched(msg.sender)
         if change:

@@ -185,6 +185,9 @@ class CentralNode(LocalNode):
             except ValueError as exc:
                 raise WireError(str(exc)) from None
             self.method_name = name
+            # from now on it advertises the recipe it trains, as a node told its method at start does
+            self.endpoint.recipe = self.scenario.fingerprint(name, self.card.input_shape, self.card.num_classes,
+                                                             self.card.task)
             self.client.restore(self.method_state)
             log.info("%s: training under %s (told by the coordinator)", self.name, name)
         elif name != self.method_name:

@@ -51,6 +51,7 @@ class DataConfig:
     test_fraction: float = 0.2
     input_shape: list[int] = field(default_factory=list)
     classes: int = 0
+    class_names: list[str] = field(default_factory=list)  # an ImageFolder's class folders, in class order
     # the [data.partition] table: kind (the partition's name) and that partition's own options
     # (learn/partition.py), filled by load_scenario
     partition: PartitionOptions = field(default_factory=Pathological)
@@ -153,6 +154,7 @@ class Scenario:
         # the method's table and those it inherits (a variant NAME-paper takes the table of NAME)
         options = {k: v for k, v in self.method_tables.items() if method == k or method.startswith(k + "-")}
         recipe = {"model": self.train.model, "input_shape": list(input_shape), "classes": classes, "task": task,
+                  "class_names": self.data.class_names,
                   "method": method, "options": options, "train": train,
                   "rounds": self.rounds, "seed": self.seed}
         return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:16]

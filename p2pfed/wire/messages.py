@@ -152,7 +152,7 @@ PEER = {
 # heartbeat: the sender's heartbeat period in seconds, so members configured with different periods
 # judge each other's silence by the slower of the two (see PeerTable.sweep).
 # recipe: the fingerprint of what a learning member trains (Scenario.fingerprint); "" or absent for a member
-# that trains nothing (a bootstrap) or an earlier p2pfed
+# that trains nothing (a bootstrap) or does not know its method yet (a node told it by its coordinator)
 RECIPE = Text(16, re.compile(r"[0-9a-f]{0,16}"))
 IDENTITY = {"address": Address(), "role": OneOf(ROLES), "incarnation": INCARNATION, "pubkey": PUBKEY,
             "round": ROUND, "heartbeat": Num(MIN_HEARTBEAT, MAX_HEARTBEAT), "recipe": Opt(RECIPE)}

@@ -11,14 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import msgpack
 import pytest
 
 from p2pfed.cli import main
 from p2pfed.dashboard.server import MeshWatcher, make_app, serve
 from p2pfed.dashboard.view import run_view
-from p2pfed.net.endpoint import Endpoint, MeshOptions
+from p2pfed.net import transport as transport_module
+from p2pfed.net.endpoint import Endpoint, MeshOptions, query_status
 from p2pfed.net.progress import Progress
 from p2pfed.report.records import append_record
+from p2pfed.wire import Message
 from tests.helpers import wait_until
 
 FAST = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=6, join_timeout=1.0)
@@ -33,7 +36,24 @@ def learned(method: str, chosen: list[str], scores: dict[str, float], curve: lis
     return progress
 
 
-async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callable[..., Endpoint]) -> None:
+def forging(monkeypatch: pytest.MonkeyPatch, sender: str) -> None:
+    """Make sender's status replies carry an accuracy of 7 (past the wire's bounds, which its own encoder would
+    refuse): the envelope is re-packed after encoding, as a hostile member's own code would send it."""
+    real = transport_module.encode
+
+    def encode(msg: Message) -> list:
+        frames = real(msg)
+        if msg.sender == sender and msg.type == "status":
+            envelope = msgpack.unpackb(frames[0])
+            envelope["body"]["learning"]["accuracy"] = [7.0]
+            frames = [msgpack.packb(envelope), *frames[1:]]
+        return frames
+
+    monkeypatch.setattr(transport_module, "encode", encode)
+
+
+async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callable[..., Endpoint],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     boot = members("bootstrap", "bootstrap", options=FAST)
     await boot.start("tcp://127.0.0.1:0")
     nodes = {}
@@ -43,9 +63,10 @@ async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callabl
     nodes["n0"].progress = learned("pfedlia-p2p", ["n1"], {"n1": 0.5, "n2": -0.25},
                                    [(0, 0.5, 2.0), (1, 0.75, math.nan), (1, 0.8, 1.0)]).body
     nodes["n1"].progress = learned("pfedlia-p2p", ["n0"], {"n0": 0.4}, [(0, 0.6, 1.5)]).body
-    nodes["n2"].progress = learned("pfedlia-p2p", [], {}, [(0, 0.3, 2.2)]).body
-    liar = learned("pfedlia-p2p", ["n0"], {}, [(0, 0.5, 1.0)]).body()
-    nodes["liar"].progress = lambda: {**liar, "accuracy": [7.0]}  # outside the wire's bounds: refused
+    # n2 names a member nobody knows: not drawn (a member could name a thousand)
+    nodes["n2"].progress = learned("pfedlia-p2p", ["ghost"], {"ghost": 1.0}, [(0, 0.3, 2.2)]).body
+    nodes["liar"].progress = learned("pfedlia-p2p", ["n0"], {}, [(0, 0.5, 1.0)]).body
+    forging(monkeypatch, "liar")  # its status breaks the wire's bounds on arrival: refused by the watcher
     await wait_until(lambda: len(boot.peers.live()) == 4, what="all four alive at the bootstrap")
     watcher = MeshWatcher(boot.address, every=0.2)
     await watcher.start()
@@ -62,6 +83,7 @@ async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callabl
     # round 1's final evaluation replaced its first; a loss that was not finite is unknown (null)
     assert m["curves"]["n0"] == {"rounds": [0, 1], "accuracy": [0.5, 0.8], "loss": [2.0, 1.0]}
     assert m["scores"]["n0"] == {"n1": 0.5, "n2": -0.25} and m["scores"]["n1"] == {"n0": 0.4}
+    assert m["scores"]["n2"] == {}
     assert all(x["state"] == "alive" for x in m["members"])
 
 
@@ -112,6 +134,9 @@ async def test_the_page_and_its_data_are_served(tmp_path: Path) -> None:
                 assert page.status == 200 and "p2pfed dashboard" in await page.text()
             async with session.get(urls[0] + "api/view") as data:
                 assert (await data.json())["methods"]["pfedlia-p2p"]["chosen"]["n00"] == ["n01"]
+            # a page elsewhere that points a name of its own at 127.0.0.1 (DNS rebinding) is not answered
+            async with session.get(urls[0] + "api/view", headers={"Host": "evil.example:8050"}) as foreign:
+                assert foreign.status == 403
     finally:
         stop.set()
         await server
@@ -124,3 +149,12 @@ def test_the_command_refuses_what_it_cannot_show(tmp_path: Path, capsys: pytest.
     capsys.readouterr()
     assert main(["dashboard", str(tmp_path)]) == 2
     assert "holds no records" in capsys.readouterr().err
+
+
+async def test_a_status_is_answered_even_when_the_progress_it_would_tell_is_broken(
+        members: Callable[..., Endpoint]) -> None:
+    boot = members("bootstrap", "bootstrap", options=FAST)
+    await boot.start("tcp://127.0.0.1:0")
+    boot.progress = lambda: {"method": "x", "rounds": [-1]}  # a bug: a negative round, keys missing
+    reply = await query_status(boot.address, timeout=5)
+    assert reply.body["name"] == "bootstrap" and "learning" not in reply.body

@@ -126,3 +126,33 @@ def load_file_metadata(path: Path) -> dict[str, str]:
 
     with safe_open(str(path), framework="pt") as f:
         return dict(f.metadata())
+
+
+def test_a_forged_card_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from p2pfed.learn.checkpoint import save_atomic
+    from p2pfed.learn.export import ModelCard
+
+    good = ModelCard("logreg", (12,), 2, "classification", [0.5] * 12, [2.0] * 12)
+    for change, problem in [({"num_classes": 10**9}, "has 1000000000 classes"),
+                            ({"input_shape": [10**6, 10**6]}, "input shape out of bounds"),
+                            ({"model": "rm -rf"}, "unknown model"),
+                            ({"input_std": [0.0] * 12}, "std above 0"),
+                            ({"input_mean": [1.0] * 5}, "do not fit its input shape")]:
+        card = json.dumps({**asdict(good), **change})
+        save_atomic({"w": torch.zeros(1)}, tmp_path / "m.safetensors", metadata={CARD: card})
+        with pytest.raises(CheckpointError, match=problem):
+            ExportedModel.load(tmp_path / "m.safetensors")
+    # a model on feature rows standardises each feature (per element, not per channel)
+    module = build_model("logreg", (12,), 2)
+    save_atomic(dict(module.state_dict()), tmp_path / "ok.safetensors", metadata={CARD: good.to_json()})
+    model = ExportedModel.load(tmp_path / "ok.safetensors")
+    x = torch.randn(4, 12)
+    with torch.no_grad():
+        assert torch.equal(model.predict(x), module((x - 0.5) / 2.0).argmax(dim=1))
+    np.savez(tmp_path / "few.npz", x=np.zeros((3, 12)), y=np.zeros(2, dtype=int))
+    with pytest.raises(ValueError, match="3 inputs but 2 labels"):
+        from p2pfed.learn.export import read_inputs
+
+        read_inputs(tmp_path / "few.npz", model.card)

@@ -58,9 +58,25 @@ def test_csv_and_image_folders_are_own_data_too(tmp_path: Path) -> None:
         (tmp_path / "imgs" / cls).mkdir(parents=True)
         for i in range(6):
             Image.fromarray(rng.integers(0, 255, (5, 5, 3), dtype=np.uint8)).save(tmp_path / "imgs" / cls / f"{i}.png")
-    dataset, *_ = load_own_data(tmp_path / "imgs", (3, 5, 5), 2, Split(), seed=0)
+    # class numbers come from the recipe's names, not from which folders this machine happens to have
+    dataset, *_ = load_own_data(tmp_path / "imgs", (3, 5, 5), 3, Split(), seed=0, class_names=["bird", "cat", "dog"])
     assert dataset.input_shape == (3, 5, 5) and dataset.pixel_max == 1.0
-    assert sorted(set(dataset.y_train.tolist()) | set(dataset.y_test.tolist())) == [0, 1]
+    assert sorted(set(dataset.y_train.tolist()) | set(dataset.y_test.tolist())) == [1, 2]
+    with pytest.raises(OwnDataError, match="class folder 'cat' is neither a class number nor one of the recipe's"):
+        load_own_data(tmp_path / "imgs", (3, 5, 5), 3, Split(), seed=0)
+    # grey images for a grey recipe, in folders named by class number (a machine holding digits 3 and 7)
+    digits = load_digits()
+    for label in (3, 7):
+        (tmp_path / "grey" / str(label)).mkdir(parents=True)
+        for i in np.flatnonzero(digits.target == label)[:6]:
+            grey = (digits.images[i] * 255 / 16).astype(np.uint8)
+            Image.fromarray(grey).save(tmp_path / "grey" / str(label) / f"{i}.png")
+    dataset, *_ = load_own_data(tmp_path / "grey", (1, 8, 8), 10, Split(), seed=0)
+    assert dataset.input_shape == (1, 8, 8)
+    assert sorted(set(dataset.y_train.tolist()) | set(dataset.y_test.tolist())) == [3, 7]
+    Image.fromarray(np.zeros((9, 9), dtype=np.uint8)).save(tmp_path / "grey" / "3" / "odd.png")
+    with pytest.raises(OwnDataError, match=r"images of different sizes \(8x8, 9x9\)"):
+        load_own_data(tmp_path / "grey", (1, 8, 8), 10, Split(), seed=0)
 
 
 @pytest.mark.parametrize(("make", "problem"), [
@@ -70,16 +86,21 @@ def test_csv_and_image_folders_are_own_data_too(tmp_path: Path) -> None:
      r"labels run from 0 to 19, but the recipe has 10 classes \(0 to 9, data.classes\)"),
     (lambda p: np.savez(p, x=np.zeros((5, 8, 8)), y=np.zeros(5, dtype=int)), "5 samples; a node needs at least 10"),
     (lambda p: np.savez(p, x=np.full((20, 8, 8), np.nan), y=np.zeros(20, dtype=int)), "NaN or infinite"),
-    (lambda p: np.savez(p, x=np.zeros((20, 8, 8)), y=np.zeros(20)), "labels 'y' must be integers, not float64"),
+    (lambda p: np.savez(p, x=np.zeros((20, 8, 8)), y=np.zeros(20)), "one integer per sample, not float64"),
+    (lambda p: np.savez(p, x=np.zeros((20, 8, 8)), y=np.zeros((20, 2), dtype=int)), r"of shape \(20, 2\)"),
+    (lambda p: np.savez(p, x=np.zeros((10, 8, 8)), y=np.zeros(10, dtype=int)), None),
     (lambda p: np.savez(p, images=np.zeros(3)), r"needs arrays 'x' \(samples\) and 'y' \(labels\); it has images"),
     (lambda p: np.savez(p, x=np.zeros((20, 8, 8)), y=np.zeros(19, dtype=int)), "20 samples but 19 labels"),
     (lambda p: p.write_bytes(b"not a zip"), "not a readable .npz"),
 ])
-def test_data_that_does_not_fit_the_recipe_stops_the_node_with_one_line(tmp_path: Path, make, problem: str) -> None:
+def test_data_that_does_not_fit_the_recipe_stops_the_node_with_one_line(tmp_path: Path, make, problem: str | None
+                                                                         ) -> None:
     path = tmp_path / "mine.npz"
     make(path)
+    split = Split(0.49, 0.49) if problem is None else Split()
+    problem = problem or r"10 samples leave none to train on after 5 for validation and 5 for testing"
     with pytest.raises(OwnDataError, match=problem) as caught:
-        load_own_data(path, (1, 8, 8), 10, Split(), seed=0)
+        load_own_data(path, (1, 8, 8), 10, split, seed=0)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -118,3 +139,17 @@ def test_the_recipe_fingerprint_covers_what_members_must_share_and_nothing_of_on
     same = Scenario(nodes=3, method_tables={"fedavg": {"x": 1}})
     same.train.device, same.train.round_timeout, same.data.dataset = "cuda", 5.0, "fmnist"
     assert same.fingerprint("pfedlia-p2p", (1, 8, 8), 10, "classification") == base
+
+
+def test_a_model_that_cannot_take_the_data_stops_the_node_before_it_joins(tmp_path: Path) -> None:
+    from p2pfed.launch.member import check_model_takes
+
+    rows = np.random.default_rng(0).normal(size=(30, 13))
+    lines = ["a,b,c,d,e,f,g,h,i,j,k,l,label"] + [",".join(f"{v:.3f}" for v in r[:12]) + f",{int(r[12] > 0)}"
+                                                   for r in rows]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    dataset, *_ = load_own_data(tmp_path / "t.csv", (12,), 2, Split(), seed=0)
+    with pytest.raises(OwnDataError, match=r"the recipe's model 'cnn' cannot take samples of shape \(12,\).*"
+                                           r"for feature rows use model = \"logreg\""):
+        check_model_takes("cnn", dataset, tmp_path / "t.csv")
+    check_model_takes("logreg", dataset, tmp_path / "t.csv")

@@ -267,7 +267,7 @@ async def test_members_that_train_different_recipes_refuse_each_other_naming_bot
     await asyncio.sleep(20 * FAST.heartbeat)
     assert states(n0).get("late") != ALIVE and states(late).get("n0") != ALIVE
     assert states(boot)["late"] == ALIVE and states(boot)["n0"] == ALIVE
-    # a member that does not say (an earlier p2pfed, a bootstrap) is not refused for it
+    # a member that trains nothing yet (a node whose coordinator will tell it its method) is not refused for it
     plain = members("plain", options=FAST)
     await plain.start("tcp://127.0.0.1:0", [n0.address])
     await plain.wait_joined(10)

@@ -57,6 +57,8 @@ async def test_a_note_task_is_answered_with_the_methods_number_for_each_name_in_
     record = json.loads((tmp_path / "n01.jsonl").read_text().splitlines()[-1])
     assert (record["event"], record["peers"], record["values"]) == ("scores", ["n02", "n00"], expected)
     assert record["round"] == 2
+    # told its method by the task, it advertises the recipe it now trains, as a node told at start does
+    assert node.endpoint.recipe == node.scenario.fingerprint("pfedlia-central", (1, 8, 8), 10, "classification")
 
 
 async def test_a_compute_task_of_pfedlia_is_answered_with_the_partial_model_and_the_own_model_is_unchanged(

@@ -77,7 +77,7 @@ def test_values_at_the_limits_are_accepted(value: object, spec: object) -> None:
 def test_every_message_type_checks_its_body() -> None:
     identity = {"address": "tcp://10.0.0.1:7000", "role": "node", "incarnation": 1, "pubkey": "", "round": 0,
                 "heartbeat": 1.0}
-    check_body("heartbeat", identity)  # without a recipe (a bootstrap, an earlier p2pfed)
+    check_body("heartbeat", identity)  # without a recipe (a member that trains nothing)
     check_body("heartbeat", {**identity, "recipe": "0123456789abcdef"})
     check_body("model", {"kind": "model", "samples": 3, "meta": GOOD_META})
     check_body("note", {"kind": "scores", "names": ["a", "b"], "values": [1e9, -1e9], "meta": {}})
