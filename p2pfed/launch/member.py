@@ -138,8 +138,10 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     against the recipe before it joins; only models ever leave it."""
 
     from p2pfed.launch.runner import recipe_of
-    from p2pfed.learn.own import Split, expected_shape, load_own_data
+    from p2pfed.learn.datasets import is_text, load_dataset
+    from p2pfed.learn.own import Split, expected_shape, load_own_data, load_own_text
     from p2pfed.learn.partition import Partition, Shard
+    from p2pfed.learn.text import vocabulary_of
     from p2pfed.methods import is_central, load_checked
     from p2pfed.node.client import CentralNode
     from p2pfed.node.learner import LearningNode
@@ -149,14 +151,21 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     if method is None and coordinator is None:
         method = recipe.methods[0]  # the recipe's (first) method
     name = cfg.name or socket.gethostname()
-    shape, classes = expected_shape(recipe.data.dataset, recipe.data.input_shape, recipe.data.classes)
     split = Split(recipe.data.val_fraction, recipe.data.test_fraction)
-    dataset, train, val, test = load_own_data(data_path, shape, classes, split, recipe.seed + own_index(name),
-                                              recipe.data.class_names)
+    seed = recipe.seed + own_index(name)
+    if recipe.data.vocabulary or is_text(recipe.data.dataset):  # next-token prediction on its own words
+        vocabulary = (vocabulary_of(recipe.data.vocabulary) if recipe.data.vocabulary else
+                      load_dataset(recipe.data.dataset, recipe.data.root or None, recipe.seed).vocabulary)
+        dataset, train, val, test = load_own_text(data_path, vocabulary, split, seed)
+        shape, classes = dataset.input_shape, dataset.num_classes
+    else:
+        shape, classes = expected_shape(recipe.data.dataset, recipe.data.input_shape, recipe.data.classes)
+        dataset, train, val, test = load_own_data(data_path, shape, classes, split, seed, recipe.data.class_names)
     check_model_takes(recipe.train.model, dataset, data_path)
     log.info("%s: own data %s: %d training, %d validation, %d test samples of %s, %d classes", name, data_path,
              len(train), len(val), len(test), shape, classes)
-    partition = Partition([Shard(train, val, test, sorted(set(dataset.y_train.tolist())))], [-1])
+    labels = sorted(set(dataset.y_train.tolist())) if dataset.y_train.dim() == 1 else []  # none for words
+    partition = Partition([Shard(train, val, test, labels)], [-1])
     use_scenario_mesh(cfg, recipe, method)
     cfg.name = name
     out.mkdir(parents=True, exist_ok=True)

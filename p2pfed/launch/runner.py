@@ -57,7 +57,8 @@ def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:
     not known yet: a node taking it from its coordinator)."""
     if not method:
         return ""
-    return scenario.fingerprint(method, dataset.input_shape, dataset.num_classes, dataset.task.name)
+    return scenario.fingerprint(method, dataset.input_shape, dataset.num_classes, dataset.task.name,
+                                dataset.vocabulary)
 
 
 def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:

@@ -4,7 +4,9 @@ ever leaves the node; only models do.
 
 Formats: an ``.npz`` of ``x`` (N, ...) and ``y`` (N,); an ImageFolder (one sub-folder of images per class,
 named by its class number, 0 to classes-1, or by a name of the recipe's data.class_names, so that every
-machine numbers classes alike whatever classes it lacks); a CSV of feature columns and a label column.
+machine numbers classes alike whatever classes it lacks); a CSV of feature columns and a label column; for
+next-token prediction, a text file whose words (whitespace-separated) are the samples, spelt with the
+recipe's vocabulary.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from p2pfed.learn.datasets import Dataset, normalised
+from p2pfed.learn.datasets import MAX_WORD, Dataset, normalised
+from p2pfed.learn.tasks import NEXT_TOKEN
+from p2pfed.learn.text import encode_words, read_text, words_of
 
 # The input shape and class count of the named datasets, so that a recipe naming one (data.dataset) fixes what
 # every member's own data must look like without loading that dataset here.
@@ -125,6 +129,34 @@ def _read_csv(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise OwnDataError(f"{path}: the label column {header[label]!r} must hold whole class numbers")
     features = np.delete(values, label, axis=1)
     return torch.as_tensor(features), torch.as_tensor(labels.astype(np.int64))
+
+
+def load_own_text(path: Path, vocabulary: str, split: Split, seed: int
+                  ) -> tuple[Dataset, np.ndarray, np.ndarray, np.ndarray]:
+    """This node's words at path for next-token prediction, in the recipe's vocabulary (words spelt with other
+    letters are left out, and named if that is most of them), split as load_own_data splits."""
+    split.check()
+    if not path.is_file() or path.suffix not in (".txt", ""):
+        raise OwnDataError(f"{path}: own text must be a text file (.txt) of words")
+    try:
+        words = words_of(read_text(path), MAX_WORD)
+    except (OSError, ValueError) as exc:
+        raise OwnDataError(f"{path}: {exc}") from None
+    letters = set(vocabulary)
+    usable = [w for w in words if set(w) <= letters]
+    if len(usable) < max(MIN_SAMPLES, len(words) // 2):
+        strange = sorted({c for w in words for c in w} - letters)[:20]
+        raise OwnDataError(f"{path}: {len(usable)} of {len(words)} words (of at most {MAX_WORD} letters) are spelt "
+                           f"with the recipe's vocabulary; letters it lacks: {''.join(strange)!r} "
+                           f"(data.vocabulary; at least {MIN_SAMPLES} words needed)")
+    x, y = encode_words(usable, vocabulary, MAX_WORD)
+    perm = np.random.default_rng(seed).permutation(len(usable))
+    n_test, n_val = max(1, round(split.test * len(usable))), max(1, round(split.val * len(usable)))
+    test, val, train = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
+    trainval = np.concatenate([train, val])
+    dataset = Dataset(path.stem, x[trainval], y[trainval], x[test], y[test], len(vocabulary), NEXT_TOKEN,
+                      vocabulary=vocabulary)
+    return dataset, np.arange(len(train)), np.arange(len(train), len(trainval)), np.arange(len(test))
 
 
 def expected_shape(dataset: str, input_shape: list[int], classes: int) -> tuple[tuple[int, ...], int]:

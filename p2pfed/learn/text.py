@@ -75,18 +75,29 @@ def load_words(files: dict[str, Path], per_group: int, max_len: int, seed: int) 
         rng = np.random.default_rng([seed, len(chosen)])
         picks = rng.choice(len(words), size=min(per_group, len(words)), replace=False)
         chosen[name] = [words[i] for i in np.sort(picks)]
-    vocabulary = BOS + EOS + "".join(sorted({c for ws in chosen.values() for w in ws for c in w}))
+    vocabulary = vocabulary_of("".join(w for ws in chosen.values() for w in ws))
+    x, y = encode_words([w for ws in chosen.values() for w in ws], vocabulary, max_len)
+    groups = [g for g, words in enumerate(chosen.values()) for _ in words]
+    return Words(x, y, np.array(groups, dtype=np.int64), vocabulary, list(chosen))
+
+
+def vocabulary_of(letters: str) -> str:
+    """The vocabulary of text made of these letters: start and end tokens, then the letters sorted (the same
+    on every node that is given the same letters)."""
+    return BOS + EOS + "".join(sorted(set(letters) - {BOS, EOS}))
+
+
+def encode_words(words: list[str], vocabulary: str, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Words (each of vocabulary's letters, at most max_len) as samples x and y (N, max_len + 1)."""
     index = {c: i for i, c in enumerate(vocabulary)}
     width = max_len + 1
-    xs, ys, groups = [], [], []
-    for g, words in enumerate(chosen.values()):
-        for w in words:
-            tokens = [index[BOS], *(index[c] for c in w), index[EOS]]
-            xs.append(tokens[:-1] + [index[EOS]] * (width - len(tokens) + 1))  # inputs past the end: never scored
-            ys.append(tokens[1:] + [PAD] * (width - len(tokens) + 1))
-            groups.append(g)
-    return Words(torch.tensor(xs, dtype=torch.int64), torch.tensor(ys, dtype=torch.int64),
-                 np.array(groups, dtype=np.int64), vocabulary, list(chosen))
+    xs, ys = [], []
+    for w in words:
+        tokens = [index[BOS], *(index[c] for c in w), index[EOS]]
+        xs.append(tokens[:-1] + [index[EOS]] * (width - len(tokens) + 1))  # inputs past the end: never scored
+        ys.append(tokens[1:] + [PAD] * (width - len(tokens) + 1))
+    return (torch.tensor(xs, dtype=torch.int64).reshape(-1, width),
+            torch.tensor(ys, dtype=torch.int64).reshape(-1, width))
 
 
 def decode(tokens: torch.Tensor, vocabulary: str) -> str:

@@ -187,7 +187,7 @@ class CentralNode(LocalNode):
             self.method_name = name
             # from now on it advertises the recipe it trains, as a node told its method at start does
             self.endpoint.recipe = self.scenario.fingerprint(name, self.card.input_shape, self.card.num_classes,
-                                                             self.card.task)
+                                                             self.card.task, self.card.vocabulary)
             self.client.restore(self.method_state)
             log.info("%s: training under %s (told by the coordinator)", self.name, name)
         elif name != self.method_name:

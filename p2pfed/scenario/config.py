@@ -52,6 +52,9 @@ class DataConfig:
     input_shape: list[int] = field(default_factory=list)
     classes: int = 0
     class_names: list[str] = field(default_factory=list)  # an ImageFolder's class folders, in class order
+    # own text (next-token prediction): the letters every member's words are spelt with ("": those of the text
+    # dataset data.dataset names, read on each machine)
+    vocabulary: str = ""
     # the [data.partition] table: kind (the partition's name) and that partition's own options
     # (learn/partition.py), filled by load_scenario
     partition: PartitionOptions = field(default_factory=Pathological)
@@ -145,16 +148,18 @@ class Scenario:
         mine, theirs = self.settings(*ignore), other.settings(*ignore)
         return [k for k in mine if theirs.get(k) != mine[k]]
 
-    def fingerprint(self, method: str, input_shape: Sequence[int], classes: int, task: str) -> str:
+    def fingerprint(self, method: str, input_shape: Sequence[int], classes: int, task: str,
+                    vocabulary: str = "") -> str:
         """What members of one mesh must agree on, as 16 hex digits: the model and the input and outputs it is
-        built for, the method with its options, the training, the rounds and the seed of the shared initial
-        model. Not the data (each member's own) nor what is only this machine's (device, deadlines)."""
+        built for (a text model: its vocabulary, in order), the method with its options, the training, the
+        rounds and the seed of the shared initial model. Not the data (each member's own) nor what is only
+        this machine's (device, deadlines)."""
         train = {k: v for k, v in dataclasses.asdict(self.train).items()
                  if k not in ("device", "round_timeout", "eval_every")}
         # the method's table and those it inherits (a variant NAME-paper takes the table of NAME)
         options = {k: v for k, v in self.method_tables.items() if method == k or method.startswith(k + "-")}
         recipe = {"model": self.train.model, "input_shape": list(input_shape), "classes": classes, "task": task,
-                  "class_names": self.data.class_names,
+                  "class_names": self.data.class_names, "vocabulary": vocabulary,
                   "method": method, "options": options, "train": train,
                   "rounds": self.rounds, "seed": self.seed}
         return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -185,6 +190,7 @@ class Scenario:
 
     def _setting_checks(self) -> list[tuple[bool, str]]:
         """(holds, what to say if not) for the [scenario], [data] and [train] settings."""
+        text = is_text(self.data.dataset) or bool(self.data.vocabulary)  # a recipe for own words is text too
         return [
             (is_name(self.name), f"scenario.name must be up to 64 letters, digits, '-', '_' or '.' (it names "
              f"the mesh; got {self.name!r})"),
@@ -193,10 +199,11 @@ class Scenario:
             (self.data.dataset in DATASETS or is_text(self.data.dataset) or self.data.dataset.endswith(".npz")
              or Path(self.data.dataset).is_dir(), f"data.dataset must be one of {', '.join(DATASETS)} or a path"),
             (self.train.model in MODELS, f"train.model must be one of {', '.join(MODELS)}"),
-            (is_text(self.data.dataset) == (self.train.model in SEQUENCE_MODELS),
+            (text == (self.train.model in SEQUENCE_MODELS),
              f"train.model {self.train.model!r} cannot read {self.data.dataset!r}: "
-             + (f"text takes a sequence model ({', '.join(SEQUENCE_MODELS)})" if is_text(self.data.dataset)
-                else f"{', '.join(SEQUENCE_MODELS)} takes text (scandinavian, words:DIR)")),
+             + (f"text takes a sequence model ({', '.join(SEQUENCE_MODELS)})" if text
+                else f"{', '.join(SEQUENCE_MODELS)} takes text (scandinavian, words:DIR, or own words spelt with "
+                     "data.vocabulary)")),
             (0 < self.train.participation <= 1, "train.participation must be in (0, 1]"),
             (self.train.eval_every >= 1, "train.eval_every must be at least 1"),
             (0 <= self.data.val_fraction < 1, "data.val_fraction must be in [0, 1)"),

@@ -113,3 +113,42 @@ def test_a_member_with_another_recipe_or_unfitting_data_is_stopped_saying_why(tm
     assert res.stderr.strip().splitlines() == [
         f"p2pfed: {tmp_path / 'big.npz'}: samples of shape (1, 28, 28), but the recipe's model takes (1, 8, 8) "
         "(data.input_shape, or that of the recipe's data.dataset)"]
+
+
+TEXT_RECIPE = """
+[scenario]
+name = "own-words"
+rounds = 3
+methods = ["fedavg-p2p"]
+[data]
+vocabulary = "abcdefghijklmnopqrstuvwxyzæøå"  # every member's words are spelt with these letters
+[train]
+model = "char-gru"
+batch_size = 32
+lr = 0.5
+[mesh]
+heartbeat = 0.5
+"""
+
+
+def test_two_machines_train_next_token_prediction_on_their_own_words(tmp_path: Path) -> None:
+    (tmp_path / "recipe.toml").write_text(TEXT_RECIPE)
+    for m, ending in (("a", "en"), ("b", "ar")):
+        (tmp_path / f"{m}.txt").write_text("\n".join(f"{x}{y}{z}{ending}" for x in "bdfgk" for y in "aeiou"
+                                                     for z in "lmnrs") + "\n")
+    first = f"tcp://127.0.0.1:{free_port()}"
+    procs = {m: p2pfed("node", "--recipe", str(tmp_path / "recipe.toml"), "--data", str(tmp_path / f"{m}.txt"),
+                       "--name", m, "--bind", first if m == "a" else "tcp://127.0.0.1:0", "--join", first,
+                       "--mesh", "words", "--wait-for", "1", "--out", str(tmp_path / m), log=tmp_path / f"{m}.log")
+             for m in ("a", "b")}
+    try:
+        for m, proc in procs.items():
+            assert proc.wait(180) == 0, (tmp_path / f"{m}.log").read_text()[-3000:]
+    finally:
+        stop(*procs.values())
+    final = [json.loads(x) for x in (tmp_path / "b" / "b.jsonl").read_text().splitlines()][-1]
+    assert final["event"] == "final" and 0 < final["loss"] < 3.4  # below a uniform guess over 31 tokens
+    res = subprocess.run([sys.executable, "-m", "p2pfed", "export", str(tmp_path / "b"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "b's personalised char-gru (fedavg-p2p, after round 2) for inputs (17,), 31 tokens" \
+        in res.stdout, res.stderr

@@ -153,3 +153,24 @@ def test_a_model_that_cannot_take_the_data_stops_the_node_before_it_joins(tmp_pa
                                            r"for feature rows use model = \"logreg\""):
         check_model_takes("cnn", dataset, tmp_path / "t.csv")
     check_model_takes("logreg", dataset, tmp_path / "t.csv")
+
+
+def test_own_words_are_samples_for_next_token_prediction_in_the_recipes_vocabulary(tmp_path: Path) -> None:
+    from p2pfed.learn.own import load_own_text
+    from p2pfed.learn.text import decode, vocabulary_of
+
+    vocabulary = vocabulary_of("abcdefghijklmnopqrstuvwxyzæøå")
+    words = [f"{a}{b}{c}ø" for a in "abcdef" for b in "ghij" for c in "klm"]  # 72 distinct words
+    (tmp_path / "mine.txt").write_text("\n".join([*words, "ærlig", "straße"]) + "\n")
+    dataset, train, val, test = load_own_text(tmp_path / "mine.txt", vocabulary, Split(), seed=0)
+    assert len(train) + len(val) + len(test) == 73  # straße is spelt with a letter the recipe lacks: left out
+    assert dataset.input_shape == (17,) and dataset.num_classes == len(vocabulary) and dataset.task.name == "next-token"
+    seen = {decode(x, vocabulary) for x in torch.cat([dataset.x_train, dataset.x_test])}
+    assert seen == {*words, "ærlig"}
+    (tmp_path / "other.txt").write_text("\n".join(f"ω{w}" for w in words) + "\n")
+    with pytest.raises(OwnDataError, match=r"0 of 72 words .* letters it lacks: 'ω'"):
+        load_own_text(tmp_path / "other.txt", vocabulary, Split(), seed=0)
+    # members with the same letters in another order, or other letters, train other recipes
+    s = Scenario()
+    assert s.fingerprint("fedavg-p2p", (17,), 31, "next-token", vocabulary) != \
+        s.fingerprint("fedavg-p2p", (17,), 31, "next-token", vocabulary_of("abcdefghijklmnopqrstuvwxyzäöå"))
