@@ -73,6 +73,7 @@ def run_example(tmp_path: Path, boot: str, binds: dict[str, str], on: dict[str, 
     assert scores["a", "b"] > 80 and scores["a", "c"] < 20 and scores["c", "c"] > 60, scores
 
 
+@pytest.mark.slow  # a minute of learning; CI runs it (-m slow), and the refusals below stay in the default run
 def test_three_machines_with_their_own_data_find_who_helps_whom_and_export_their_models(tmp_path: Path) -> None:
     boot = f"tcp://127.0.0.1:{free_port()}"
     binds = {m: f"tcp://127.0.0.1:{free_port()}" for m in MACHINES}
@@ -131,6 +132,7 @@ heartbeat = 0.5
 """
 
 
+@pytest.mark.slow
 def test_two_machines_train_next_token_prediction_on_their_own_words(tmp_path: Path) -> None:
     (tmp_path / "recipe.toml").write_text(TEXT_RECIPE)
     for m, ending in (("a", "en"), ("b", "ar")):
