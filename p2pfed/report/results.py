@@ -230,14 +230,15 @@ def _plot_per_round(run_dir: Path, methods: list[Path], key: str, scale: float, 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for m in methods:
+    for i, m in enumerate(methods):
         by_round: dict[int, list[float]] = {}
         for r in read_records(m):
             if r["event"] == "round" and key in r and not math.isnan(r[key]):
                 by_round.setdefault(r["round"], []).append(r[key])
         if by_round:
             xs = sorted(by_round)
-            ax.plot(xs, [scale * np.mean(by_round[x]) for x in xs], label=m.name, marker="o", markersize=2)
+            ax.plot(xs, [scale * np.mean(by_round[x]) for x in xs], label=m.name, marker="o", markersize=2,
+                    **line_style(i))
     ax.set_xlabel("round")
     ax.set_ylabel(label)
     ax.set_title(f"{run_dir.name}: {key} per round")
@@ -260,6 +261,12 @@ def score_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                          groups.get(p) == groups.get(r["node"])]}
              for r in records if r["event"] == "scores"]
     return rows
+
+
+def line_style(i: int) -> dict[str, Any]:
+    """The colour and dash of the i-th method's line: ten colours, then the same colours dashed, so that the
+    eleven methods of a Table I run are told apart."""
+    return {"color": f"C{i % 10}", "linestyle": ("-", "--", ":")[i // 10 % 3]}
 
 
 def plot_scores(run_dir: Path, partition: dict[str, Any], method: str, rows: list[dict[str, Any]]) -> None:

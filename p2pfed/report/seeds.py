@@ -32,7 +32,7 @@ from tabulate import tabulate
 
 from p2pfed.methods import MOVED
 from p2pfed.report.records import read_records
-from p2pfed.report.results import write_report
+from p2pfed.report.results import line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
 
 METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "worst5_accuracy", "best5_rounds_micro_accuracy",
@@ -188,13 +188,13 @@ def plot_seeds(run_dir: Path, folders: dict[int, Path], ended: dict[int, set[str
             if by_round:
                 curves.setdefault(m.name, []).append({x: float(np.mean(v)) for x, v in by_round.items()})
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name, runs in sorted(curves.items()):
+    for i, (name, runs) in enumerate(sorted(curves.items())):
         xs = sorted(set.intersection(*(set(c) for c in runs)))
         if not xs:
             continue
         values = np.array([[c[x] for x in xs] for c in runs]) * 100
         mean = values.mean(axis=0)
-        (line,) = ax.plot(xs, mean, label=f"{name} ({len(runs)})", marker="o", markersize=2)
+        (line,) = ax.plot(xs, mean, label=f"{name} ({len(runs)})", marker="o", markersize=2, **line_style(i))
         if len(runs) > 1:
             sd = values.std(axis=0, ddof=1)
             ax.fill_between(xs, mean - sd, mean + sd, color=line.get_color(), alpha=0.15, linewidth=0)
