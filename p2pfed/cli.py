@@ -82,15 +82,15 @@ def cmd_node(args: argparse.Namespace) -> int:
         if not args.scenario:
             raise ConfigError("--data needs --recipe FILE: the scenario file the mesh shares (model, method, "
                               "training), e.g. node/recipe.toml")
-        if args.index != "0":
+        if args.index is not None:
             raise ConfigError("--data and --index exclude each other: a node with its own data has no shard")
         return _run_until_signal(lambda stop: run_own_node(
             cfg, Path(args.scenario), Path(args.data), args.method, Path(args.out), stop, coordinator=args.coordinator,
             wait_for=args.wait_for))
     if args.scenario:
-        from p2pfed.launch.member import parse_indices, run_learning_nodes
+        from p2pfed.launch.member import run_learning_nodes
 
-        indices = parse_indices(args.index)
+        indices = args.index or [0]
         return _run_until_signal(lambda stop: run_learning_nodes(
             cfg, Path(args.scenario), indices, method, Path(args.out), stop, start_round=args.start_round,
             wait_for=args.wait_for, send_delay=args.send_delay, coordinator=args.coordinator))
@@ -208,30 +208,45 @@ def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
 
 
 MAX_SEEDS = 100
+MAX_INDICES = 10_000  # node indices one `p2pfed node` process may run
 
 
 def parse_seeds(text: str) -> list[int]:
     """--seeds: a count N (seeds 0 to N-1), or seeds and ranges: 0-3, 0,1,5, 7-7 (seed 7 alone)."""
     usage = (f"{text[:40]!r}: give a count (1 to {MAX_SEEDS}: 4 runs seeds 0-3) or distinct seeds >= 0 and "
              "ranges, such as 0-3, 0,1,5 or 7-7")
-    seeds: list[int] = []
     try:
         if text.strip().isdigit():
             count = int(text)
             if not 1 <= count <= MAX_SEEDS:
                 raise ValueError
             return list(range(count))
-        for part in text.split(","):
-            lo, dash, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi) if dash else int(lo)
-            if not 0 <= first <= last or last - first + len(seeds) >= MAX_SEEDS:
-                raise ValueError
-            seeds.extend(range(first, last + 1))
+        return parse_ranges(text, MAX_SEEDS)
     except ValueError:
         raise argparse.ArgumentTypeError(usage) from None
-    if len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(usage)
-    return seeds
+
+
+def parse_index(text: str) -> list[int]:
+    """--index: a node's index, or several: 0-24, 0,5,7."""
+    try:
+        return parse_ranges(text, MAX_INDICES)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: give node indices >= 0 and ranges, such as 3, 0-24 or "
+                                         f"0,5,7 (distinct, at most {MAX_INDICES})") from None
+
+
+def parse_ranges(text: str, most: int) -> list[int]:
+    """'3', '0-3' or '0,1,5-7' as distinct numbers >= 0, at most `most` of them; ValueError otherwise."""
+    numbers: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if not 0 <= first <= last or last - first + len(numbers) >= most:
+            raise ValueError(text)
+        numbers.extend(range(first, last + 1))
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(text)
+    return numbers
 
 
 class ProgressBars:
@@ -444,7 +459,7 @@ def _add_member_commands(sub: Any) -> None:
                         "its data with --index, or its own data with --data")
     p.add_argument("--data", help="this machine's own data: an .npz (x, y), a .csv (features and a label column) "
                                   "or an ImageFolder; split here into training, validation and test, never sent")
-    p.add_argument("--index", default="0",
+    p.add_argument("--index", type=parse_index,
                    help="with --scenario: this node's index (its shard), or several: 0-24 or 0,5,7")
     p.add_argument("--method", help="with --scenario: the method to run (default pfedlia-p2p, or the "
                                     "coordinator's with --coordinator)")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pfed.cli import parse_seeds
+from p2pfed.cli import parse_index, parse_seeds
 from tests.helpers import free_port, p2pfed, peer_states, status, stop, wait_for
 
 
@@ -131,6 +131,17 @@ def test_seeds_are_a_count_or_seeds_and_ranges(text: str, seeds: list[int]) -> N
 def test_bad_seeds_are_refused_with_the_forms_that_work(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="give a count"):
         parse_seeds(text)
+
+
+def test_node_indices_are_checked_as_seeds_are(tmp_path: Path) -> None:
+    assert parse_index("3") == [3] and parse_index("0-2,7") == [0, 1, 2, 7]
+    for text in ["abc", "5-3", "1,1", "-1", "0-99999"]:
+        with pytest.raises(argparse.ArgumentTypeError, match="give node indices >= 0 and ranges"):
+            parse_index(text)
+    res = run("node", "--join", "tcp://127.0.0.1:1", "--scenario", "x.toml", "--index", "5-3")
+    assert res.returncode == 2 and "argument --index: '5-3': give node indices" in res.stderr
+    res = run("node", "--join", "tcp://127.0.0.1:1", "--recipe", "x.toml", "--data", "d.npz", "--index", "0")
+    assert res.returncode == 2 and "--data and --index exclude each other" in res.stderr
 
 
 def test_a_run_over_seeds_that_is_refused_leaves_no_folder_behind(tmp_path: Path,

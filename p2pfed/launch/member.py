@@ -67,15 +67,6 @@ async def run_member(
         log.info("%s: stopped", endpoint.name)
 
 
-def parse_indices(text: str) -> list[int]:
-    """'3', '0-24' or '0,5,7' as a list of node indices."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
-    return out
-
-
 async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list[int], method: str | None,
                              out: Path, stop: asyncio.Event, *, start_round: int = 0, wait_for: int = 0,
                              send_delay: float = 0.0, coordinator: str | None = None) -> None:
