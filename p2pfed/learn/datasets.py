@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from p2pfed.learn.files import read_own
 from p2pfed.learn.tasks import CLASSIFICATION, NEXT_TOKEN, LearningTask
 from p2pfed.learn.text import SCANDINAVIAN, load_words
 
@@ -191,8 +192,6 @@ def _load_cifar(name: str, root: Path | None) -> Dataset:
 
 def load_own(path: Path, seed: int = 0) -> Dataset:
     """Own data as a scenario's dataset (data.dataset = a path: learn/own.py's formats), split 75/25."""
-    from p2pfed.learn.own import read_own  # own.py builds on this module
-
     x, y, pixel_max = read_own(path)
     if x.dim() == 3:
         x = x.unsqueeze(1)
