@@ -64,13 +64,10 @@ def load_own_text(path: Path, vocabulary: str, split: Split, seed: int
                            f"with the recipe's vocabulary; letters it lacks: {''.join(strange)!r} "
                            f"(data.vocabulary; at least {MIN_SAMPLES} words needed)")
     x, y = encode_words(usable, vocabulary, MAX_WORD)
-    perm = np.random.default_rng(seed).permutation(len(usable))
-    n_test, n_val = max(1, round(split.test * len(usable))), max(1, round(split.val * len(usable)))
-    test, val, train = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
-    trainval = np.concatenate([train, val])
+    trainval, test, n_train = _split(len(usable), split, seed, path)
     dataset = Dataset(path.stem, x[trainval], y[trainval], x[test], y[test], len(vocabulary), NEXT_TOKEN,
                       vocabulary=vocabulary)
-    return dataset, np.arange(len(train)), np.arange(len(train), len(trainval)), np.arange(len(test))
+    return dataset, *_positions(n_train, len(trainval), len(test))
 
 
 def expected_shape(dataset: str, input_shape: list[int], classes: int) -> tuple[tuple[int, ...], int]:
@@ -107,15 +104,24 @@ def load_own_data(path: Path, shape: tuple[int, ...], classes: int, split: Split
                            f"classes (0 to {classes - 1}, data.classes)")
     if not torch.isfinite(x).all():
         raise OwnDataError(f"{path}: some samples hold NaN or infinite values")
-    perm = np.random.default_rng(seed).permutation(len(y))
-    n_test = max(1, round(split.test * len(y)))
-    n_val = max(1, round(split.val * len(y)))
-    test, val, train = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
-    if len(train) < 1:
-        raise OwnDataError(f"{path}: {len(y)} samples leave none to train on after {n_val} for validation and "
-                           f"{n_test} for testing (data.val_fraction, data.test_fraction)")
-    trainval = np.concatenate([train, val])
+    trainval, test, n_train = _split(len(y), split, seed, path)
     dataset = normalised(path.stem, x[trainval], y[trainval], x[test], y[test], classes, pixel_max=pixel_max,
-                         stats_of=len(train))
-    return dataset, np.arange(len(train)), np.arange(len(train), len(trainval)), np.arange(len(test))
+                         stats_of=n_train)
+    return dataset, *_positions(n_train, len(trainval), len(test))
+
+
+def _split(n: int, split: Split, seed: int, path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """n samples shuffled (seeded) into training then validation samples, and test samples; and how many train."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test, n_val = max(1, round(split.test * n)), max(1, round(split.val * n))
+    n_train = n - n_test - n_val
+    if n_train < 1:
+        raise OwnDataError(f"{path}: {n} samples leave none to train on after {n_val} for validation and "
+                           f"{n_test} for testing (data.val_fraction, data.test_fraction)")
+    return np.concatenate([perm[n_test + n_val:], perm[n_test:n_test + n_val]]), perm[:n_test], n_train
+
+
+def _positions(n_train: int, n_trainval: int, n_test: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where the training, validation and test samples are in the dataset's splits (train first in x_train)."""
+    return np.arange(n_train), np.arange(n_train, n_trainval), np.arange(n_test)
 
