@@ -32,7 +32,7 @@ def save_atomic(obj: Mapping[str, Any], path: Path, metadata: Mapping[str, str] 
     """Write obj to path through a temporary file and a rename: a crash never leaves a torn file. metadata
     (text) is stored beside the tree for readers of the file (e.g. an exported model's recipe)."""
     tensors: dict[str, torch.Tensor] = {}
-    tree = _flatten(obj, (), tensors)
+    tree = _flatten(obj, (), tensors, set())
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={**(metadata or {}), _TREE: json.dumps(tree)})
     os.replace(tmp, path)
@@ -61,8 +61,10 @@ def read(path: Path) -> tuple[Any, dict[str, torch.Tensor], dict[str, str]]:
         if _is_pickle(path):
             raise CheckpointError(old_format(path)) from None
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
+    if _TREE not in metadata:  # a file another tool wrote: its tensor table is the whole tree
+        return {k: {_TENSOR: k} for k in tensors}, tensors, metadata
     try:
-        tree = json.loads(metadata.pop(_TREE, "{}"))
+        tree = json.loads(metadata.pop(_TREE))
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: its {_TREE} metadata is not JSON: {exc}") from None
     return tree, tensors, metadata
@@ -115,20 +117,26 @@ def _is_pickle(path: Path) -> bool:
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
 
 
-def _flatten(node: Any, where: tuple[str, ...], tensors: dict[str, torch.Tensor]) -> Any:
+def _flatten(node: Any, where: tuple[str, ...], tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:
     if isinstance(node, torch.Tensor):
         key = "/".join(where)
         while key in tensors:  # two paths that join alike (a name holding "/"): keep both
             key += "'"
-        # contiguous CPU copies: safetensors refuses tensors that share storage (tied weights, views)
-        tensors[key] = node.detach().to("cpu", copy=True).contiguous()
+        tensor = node.detach().cpu()  # a no-op for what state_of gave (already a CPU copy): no copy every round
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in storages or not tensor.is_contiguous():
+            # safetensors refuses tensors that share storage (tied weights, views) and non-contiguous ones
+            tensor = tensor.contiguous().clone()
+        else:
+            storages.add(storage)
+        tensors[key] = tensor
         return {_TENSOR: key}
     if isinstance(node, Mapping):
         out = {}
         for k, v in node.items():
             if not isinstance(k, str):
                 raise TypeError(f"checkpoint keys are text; {'/'.join(where) or 'the top'} has {k!r}")
-            out[k] = _flatten(v, (*where, k), tensors)
+            out[k] = _flatten(v, (*where, k), tensors, storages)
         return out
     if isinstance(node, (list, tuple)):
         if any(isinstance(v, (torch.Tensor, Mapping)) for v in node):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, read, save_atomic
+from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import MODELS, build_model
 
@@ -122,13 +122,11 @@ class ExportedModel:
     def load(cls, path: str | Path) -> ExportedModel:
         """Read an exported model (safetensors: nothing in it can run code)."""
         path = Path(path)
-        tree, tensors, metadata = read(path)
+        state, metadata = load_with_metadata(path)  # a plain state dict, whoever wrote the file
         if CARD not in metadata:
             raise CheckpointError(f"{path} has no model card: not a model `p2pfed export` wrote")
         card = ModelCard.from_json(metadata[CARD], str(path))
         module = build_model(card.model, card.input_shape, card.num_classes)
-        # its tensors under their own names; a file another tool wrote (no tree) holds the state dict as it is
-        state = load_with_metadata(path)[0] if tree else tensors
         try:
             module.load_state_dict(state)
         except (RuntimeError, TypeError) as exc:

@@ -38,6 +38,14 @@ def test_tied_weights_and_views_are_saved_as_values(tmp_path: Path) -> None:
     assert torch.equal(loaded["a"], w) and torch.equal(loaded["b"], w) and torch.equal(loaded["col"], w[:, 1])
 
 
+def test_a_file_another_tool_wrote_reads_as_its_tensor_table(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"fc.weight": torch.ones(2, 3), "fc.bias": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+    loaded = load_own(tmp_path / "plain.safetensors")
+    assert sorted(loaded) == ["fc.bias", "fc.weight"] and torch.equal(loaded["fc.weight"], torch.ones(2, 3))
+
+
 def test_what_cannot_go_in_a_checkpoint_is_named(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"model/opt: a object"):
         save_atomic({"model": {"opt": object()}}, tmp_path / "t.safetensors")
