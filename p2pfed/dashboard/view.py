@@ -14,15 +14,14 @@ A live mesh runs one method; a run folder holds one per method folder.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from p2pfed.influence.selection import mutual_clusters
+from p2pfed.net.progress import Progress
 from p2pfed.report.records import read_records
-
-CHOICE = ("choice", "lia")  # the records of a node's choice of peers ("lia": runs made before "choice")
+from p2pfed.report.results import CHOICE
 
 
 def method_view(members: list[dict[str, Any]], chosen: Mapping[str, list[str]],
@@ -42,33 +41,44 @@ def live_view(source: str, peers: Iterable[Mapping[str, Any]], learning: Mapping
     LEARNING part of each learning member's own status, by name (checked by the wire schema on arrival)."""
     members = [{"name": p["name"], "role": p["role"], "state": p["state"], "round": p["round"],
                 "age": round(float(p["age"]), 1)} for p in peers if p["role"] != "bootstrap"]
-    known = {m["name"] for m in members}  # a member may name anyone: only members the mesh knows are drawn
+    return {"source": source, "live": True, "methods": methods_of(members, learning)}
+
+
+def methods_of(members: list[dict[str, Any]], learning: Mapping[str, Mapping[str, Any]],
+               method: str | None = None, trusted: bool = False) -> dict[str, dict[str, Any]]:
+    """Members grouped by the method their LEARNING names (all under method when given), each group's view
+    drawn from what they tell. Unless trusted (this machine's own run folder), only members listed are drawn,
+    whatever names a member mentions."""
+    listed = {m["name"] for m in members}
+
+    def known(name: str) -> bool:
+        return trusted or name in listed
+
     by_method: dict[str, dict[str, Any]] = {}
     for member in members:
         info = learning.get(member["name"], {})
-        method = info.get("method") or "(not learning yet)"
-        part = by_method.setdefault(method, {"members": [], "chosen": {}, "curves": {}, "scores": {},
-                                             "assignment": {}})
+        part = by_method.setdefault(method or info.get("method") or "(not learning yet)",
+                                    {"members": [], "chosen": {}, "curves": {}, "scores": {}, "assignment": {}})
         part["members"].append(member)
         if not info:
             continue
         if member["role"] == "coordinator":
             part["assignment"].update((n, g) for n, g in zip(info["names"], info["groups"], strict=False)
-                                      if n in known)
+                                      if known(n))
             continue
-        part["chosen"][member["name"]] = [p for p in info["chosen"] if p in known]
+        part["chosen"][member["name"]] = [p for p in info["chosen"] if known(p)]
         part["curves"][member["name"]] = {"rounds": list(info["rounds"]), "accuracy": list(info["accuracy"]),
                                           "loss": [None if x < 0 else x for x in info["loss"]]}
         if info["names"] and not info["groups"]:
             part["scores"][member["name"]] = {n: v for n, v in zip(info["names"], info["values"], strict=False)
-                                              if n in known}
-    return {"source": source, "live": True, "methods": {
-        m: method_view(p["members"], p["chosen"], p["curves"], p["scores"], p["assignment"] or None)
-        for m, p in sorted(by_method.items())}}
+                                              if known(n)}
+    return {m: method_view(p["members"], p["chosen"], p["curves"], p["scores"], p["assignment"] or None)
+            for m, p in sorted(by_method.items())}
 
 
 def run_view(run_dir: Path) -> dict[str, Any]:
-    """The view of a finished (or running) run folder: every method folder's records."""
+    """The view of a finished (or running) run folder: every method folder's records, read as its members
+    would have told them live (net/progress.py), so both views mean the same."""
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
     folders = sorted(p for p in run_dir.iterdir() if p.is_dir() and any(p.glob("*.jsonl")))
@@ -79,45 +89,31 @@ def run_view(run_dir: Path) -> dict[str, Any]:
     finished = {}
     if (run_dir / "summary.json").exists():
         finished = json.loads((run_dir / "summary.json").read_text()).get("methods", {})
-    methods = {}
+    methods: dict[str, dict[str, Any]] = {}
     for folder in folders:
-        records = read_records(folder)
-        methods[folder.name] = _method_from_records(records, crashed=finished.get(folder.name, {}).get("crashed", {}))
+        crashed = finished.get(folder.name, {}).get("crashed", {})
+        methods.update(methods_of(*_told(read_records(folder), crashed), method=folder.name, trusted=True))
     return {"source": str(run_dir), "live": False, "methods": methods}
 
 
-def _method_from_records(records: list[dict[str, Any]], crashed: Mapping[str, str]) -> dict[str, Any]:
+def _told(records: list[dict[str, Any]], crashed: Mapping[str, str]
+          ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The members of a method's records and what each would have told in its status at the end."""
     last: dict[str, dict[str, Any]] = {}
-    chosen: dict[str, list[str]] = {}
-    curves: dict[str, dict[str, list[Any]]] = {}
-    scores: dict[str, dict[str, float]] = {}
+    progress: dict[str, Progress] = {}
     assignment: dict[str, int] = {}
     for r in records:
         node = r["node"]
         last[node] = r
-        if r["event"] in CHOICE or (r["event"] == "final" and "chosen" in r):
-            chosen[node] = list(r["chosen"])
-        if r["event"] in CHOICE and isinstance(r.get("scores"), dict):
-            scores[node] = {p: v for p, v in r["scores"].items() if _finite(v)}
-        if r["event"] == "scores":
-            scores[node] = {p: v for p, v in zip(r["peers"], r["values"], strict=True) if _finite(v)}
-        if node == "coordinator" and isinstance(r.get("assignment"), dict):
-            assignment = {n: int(g) for n, g in r["assignment"].items()}
-        if r["event"] in ("round", "final") and _finite(r.get("accuracy")) and node != "coordinator":
-            curve = curves.setdefault(node, {"rounds": [], "accuracy": [], "loss": []})
-            if curve["rounds"] and curve["rounds"][-1] == r["round"]:
-                for key in curve:
-                    curve[key].pop()
-            curve["rounds"].append(r["round"])
-            curve["accuracy"].append(r["accuracy"])
-            curve["loss"].append(r["loss"] if _finite(r.get("loss")) else None)
-    members = []
-    for node, r in last.items():
-        state = "crashed" if node in crashed else "finished" if r["event"] == "final" else "stopped"
-        members.append({"name": node, "role": "coordinator" if node == "coordinator" else "node", "state": state,
-                        "round": r["round"], "age": None})
-    return method_view(members, chosen, curves, scores, assignment or None)
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if node == "coordinator":
+            if isinstance(r.get("assignment"), dict):
+                assignment = {n: int(g) for n, g in r["assignment"].items()}
+            continue
+        event = "choice" if r["event"] in CHOICE else r["event"]
+        progress.setdefault(node, Progress(keep=None)).note(event, r["round"], r, r.get("method"))
+    if "coordinator" in last:
+        progress["coordinator"] = Progress(groups=lambda: assignment)
+    members = [{"name": node, "role": "coordinator" if node == "coordinator" else "node", "round": r["round"],
+                "state": "crashed" if node in crashed else "finished" if r["event"] == "final" else "stopped",
+                "age": None} for node, r in last.items()]
+    return members, {node: p.body() for node, p in progress.items()}

@@ -19,9 +19,11 @@ MAX_LOSS = 1e9
 class Progress:
     """What a member announces of its learning, kept up to date by note()."""
 
-    def __init__(self, method: str = "", groups: Callable[[], Mapping[str, int]] | None = None) -> None:
+    def __init__(self, method: str = "", groups: Callable[[], Mapping[str, int]] | None = None,
+                 keep: int | None = CURVE) -> None:
         self.method = method
-        self.curve: deque[tuple[int, float, float]] = deque(maxlen=CURVE)
+        # the last `keep` evaluations (the wire's bound); None keeps all (a run folder read afterwards)
+        self.curve: deque[tuple[int, float, float]] = deque(maxlen=keep)
         self.chosen: list[str] = []
         self.scores: dict[str, float] = {}
         self.groups = groups  # a coordinator's grouping of nodes, read when asked
