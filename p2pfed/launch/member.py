@@ -77,10 +77,8 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
     coordinator's tasks; a decentralized method makes them LearningNodes that run their own rounds."""
     import torch
 
-    from p2pfed.launch.runner import prepare_data, recipe_of
-    from p2pfed.methods import is_central, load_checked
-    from p2pfed.node.client import CentralNode
-    from p2pfed.node.learner import LearningNode
+    from p2pfed.launch.runner import make_node, prepare_data, recipe_of
+    from p2pfed.methods import load_checked
 
     scenario = load_checked(scenario_path)
     bad = [i for i in indices if not 0 <= i < scenario.nodes]
@@ -101,11 +99,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
             endpoints.append(endpoint)
             await endpoint.start(cfg.bind if len(indices) == 1 else "tcp://127.0.0.1:0", cfg.join,
                                  cfg.advertise or None)
-            node: LearningNode | CentralNode
-            if method is None or is_central(method):
-                node = CentralNode(scenario, index, method, dataset, partition, endpoint, out, coordinator=coordinator)
-            else:
-                node = LearningNode(scenario, index, method, dataset, partition, endpoint, out)
+            node = make_node(scenario, index, method, dataset, partition, endpoint, out, coordinator=coordinator)
             node.send_delay = send_delay
             nodes.append(node)
         if not await unless_stopped(stop, asyncio.gather(*(e.wait_joined(JOIN_WAIT) for e in endpoints))):
@@ -128,14 +122,12 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     stop is set. Its method: method, else the coordinator's, else the recipe's first. Its data is checked
     against the recipe before it joins; only models ever leave it."""
 
-    from p2pfed.launch.runner import recipe_of
+    from p2pfed.launch.runner import make_node, recipe_of
     from p2pfed.learn.datasets import is_text, load_dataset
     from p2pfed.learn.own import Split, expected_shape, load_own_data, load_own_text
     from p2pfed.learn.partition import Partition, Shard
     from p2pfed.learn.text import vocabulary_of
-    from p2pfed.methods import is_central, load_checked
-    from p2pfed.node.client import CentralNode
-    from p2pfed.node.learner import LearningNode
+    from p2pfed.methods import load_checked
     from p2pfed.node.local import own_index
 
     recipe = load_checked(recipe_path)
@@ -162,12 +154,7 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     out.mkdir(parents=True, exist_ok=True)
 
     async def learn(endpoint: Endpoint) -> None:
-        node: LearningNode | CentralNode
-        if method is None or is_central(method):
-            node = CentralNode(recipe, 0, method, dataset, partition, endpoint, out, coordinator=coordinator,
-                               name=name)
-        else:
-            node = LearningNode(recipe, 0, method, dataset, partition, endpoint, out, name=name)
+        node = make_node(recipe, 0, method, dataset, partition, endpoint, out, coordinator=coordinator, name=name)
         await node.run(0, wait_for_peers=wait_for)
 
     await _joined(cfg, "node", recipe_of(recipe, method, dataset), stop, learn)

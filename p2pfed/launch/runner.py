@@ -52,6 +52,17 @@ def member(scenario: Scenario, method: str, name: str, role: str = "node", recip
     return endpoint
 
 
+def make_node(scenario: Scenario, index: int, method: str | None, dataset: Dataset, partition: Partition,
+              endpoint: Endpoint, out: Path, *, coordinator: str | None = None, name: str | None = None
+              ) -> LearningNode | CentralNode:
+    """The node that runs method: under a coordinator (a coordinated method, or none yet: the coordinator
+    tells it), else peer to peer."""
+    if method is None or is_central(method):
+        return CentralNode(scenario, index, method, dataset, partition, endpoint, out, coordinator=coordinator,
+                           name=name)
+    return LearningNode(scenario, index, method, dataset, partition, endpoint, out, name=name)
+
+
 def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:
     """The fingerprint a member training method on dataset's kind of data advertises ("" when the method is
     not known yet: a node taking it from its coordinator)."""
@@ -104,11 +115,7 @@ class InProcessMesh:
         endpoint = member(self.scenario, self.method, name, recipe=recipe_of(self.scenario, self.method, self.dataset))
         await endpoint.start("tcp://127.0.0.1:0", [self.boot.address])
         await endpoint.wait_joined(30)
-        node: LearningNode | CentralNode
-        if is_central(self.method):
-            node = CentralNode(self.scenario, index, self.method, self.dataset, self.partition, endpoint, self.out)
-        else:
-            node = LearningNode(self.scenario, index, self.method, self.dataset, self.partition, endpoint, self.out)
+        node = make_node(self.scenario, index, self.method, self.dataset, self.partition, endpoint, self.out)
         self.nodes[index] = node
         self.tasks[index] = asyncio.get_running_loop().create_task(
             self._run_node(node, start_round, wait_for), name=name)
