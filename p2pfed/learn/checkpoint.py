@@ -98,8 +98,9 @@ def convert(old: Path) -> Path:
     try:
         obj = torch.load(old, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as exc:
-        raise CheckpointError(f"{old}: not a checkpoint p2pfed can convert (only tensors and plain data are read: "
-                              f"{str(exc).splitlines()[0][:200]})") from None
+        # torch's own text suggests weights_only=False, which would run code from the file: not ours to echo
+        raise CheckpointError(f"{old}: not a checkpoint p2pfed can convert: it is not a torch file, or it holds "
+                              f"more than tensors and plain data ({type(exc).__name__})") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{old} does not hold a dict; not a p2pfed checkpoint")
     new = old.with_name((old.name if old.suffix == ".kept" else old.stem) + SUFFIX)
