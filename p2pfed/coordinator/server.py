@@ -28,7 +28,7 @@ from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition, server_samples
-from p2pfed.learn.train import state_of
+from p2pfed.learn.train import evaluate, pick_device, state_of
 from p2pfed.methods import make_server
 from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
@@ -39,6 +39,17 @@ from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError
 
 log = logging.getLogger(__name__)
+
+
+def server_test_set(dataset: Dataset, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The test samples the coordinator holds (data.server_test of them, all with more; None with 0): a seeded
+    draw from the test split, the same on every rerun. Node test shards are drawn from the same split; the server
+    set is only ever tested on, so sharing samples with them leaks nothing into training."""
+    if not samples:
+        return None
+    n = len(dataset.y_test)
+    picks = np.sort(np.random.default_rng(seed + 104729).permutation(n)[:samples]) if samples < n else np.arange(n)
+    return dataset.x_test[picks], dataset.y_test[picks]
 
 
 class Coordinator:
@@ -60,6 +71,7 @@ class Coordinator:
         self.true = ({scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
                      if partition is not None else {})
         self.method = make_server(method, self, scenario)
+        self.server_test = server_test_set(dataset, scenario.data.server_test, scenario.seed)
         self.round = 0
         out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = out_dir / "coordinator.jsonl"
@@ -181,22 +193,43 @@ class Coordinator:
         """Every live node (or those in only) evaluates (eval) or takes (finish) its personalised model;
         return the nodes that answered."""
         nodes = [n for n in self.live_nodes() if only is None or n in only]
+        served = self.method.served_model() if self.server_test is not None and only is None else None
         tasks = {}
         for n in nodes:
             task = self.method.eval_task(n)
-            tasks[n] = Task(kind, task.models, task.meta, task.groups, task.names, task.shared, task.aux)
+            meta = {**task.meta, "validate": 1} if served is not None else task.meta
+            tasks[n] = Task(kind, task.models, meta, task.groups, task.names, task.shared, task.aux)
         answers = await self.ask(nodes, tasks, timeout)
-        accuracies = []
+        accuracies, validated = [], []
         for node, meta in answers.items():
             choice = meta.get("choice", 0)
             if tasks[node].groups and isinstance(choice, int) and 0 <= choice < len(tasks[node].groups):
                 self.method.place(node, tasks[node].groups[choice])
             if isinstance(meta.get("accuracy"), float):
                 accuracies.append(meta["accuracy"])
+            val = meta.get("val_accuracy")
+            if isinstance(val, float) and 0.0 <= val <= 1.0:  # a node's word, bounded: nan and junk left out
+                validated.append(val)
         if accuracies:
             log.info("coordinator: round %d: %s of %d nodes, mean accuracy %.4f", self.round, kind, len(accuracies),
                      sum(accuracies) / len(accuracies))
+        if served is not None and self.server_test is not None:
+            await self.test_served(served, self.server_test, validated)
         return set(answers)
+
+    async def test_served(self, served: dict[str, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
+                          validated: list[float]) -> None:
+        """Paper 004's protocol: the served model's accuracy on the server's held-out test set, recorded with
+        the nodes' mean validation accuracy of the same model, by which the report picks the best round."""
+        x, y = test
+        module = build_model(self.cfg.model, self._shape[0], self._shape[1], seed=self.seed)
+        module.load_state_dict(served)  # its own instance: the test runs in a thread while the loop goes on
+        ev = await asyncio.to_thread(evaluate, module, x, y, pick_device(self.cfg.device), task=self.dataset.task)
+        val = sum(validated) / len(validated) if validated else None
+        self.record("server", val_accuracy=val, validated=len(validated), accuracy=ev.accuracy, loss=ev.loss,
+                    macro_f1=ev.macro_f1, test_samples=ev.samples)
+        log.info("coordinator: round %d: served model %.4f on %d server test samples (nodes' validation %s)",
+                 self.round, ev.accuracy, ev.samples, "–" if val is None else f"{val:.4f}")
 
     def sizes(self) -> list[int]:
         """Cluster sizes, largest first (nodes not placed yet are left out)."""

@@ -214,6 +214,11 @@ class ServerMethod:
         """Each node's current group, for the record (cluster sizes over rounds, ARI)."""
         return dict(self.groups)
 
+    def served_model(self) -> dict[str, torch.Tensor] | None:
+        """The one model the method serves every node, which a server-held test set can test (paper 004's
+        protocol, data.server_test); None for a method that personalises (clusters, local models, ensembles)."""
+        return None
+
     # -- crash safety -----------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
         """What the coordinator's checkpoint keeps: plain data, and named models."""

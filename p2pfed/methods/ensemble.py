@@ -157,6 +157,9 @@ class FedAvgEnsembleServer(FedAvgServer):
     def clusters(self) -> dict[str, int]:
         return {}
 
+    def served_model(self) -> dict[str, torch.Tensor] | None:
+        return None  # what it serves is the soft vote of K models, not one model a server could test alone
+
 
 class FedProxEnsembleServer(FedProxServer, FedAvgEnsembleServer):
     """FedProx+: FedAvg+ whose train tasks carry FedProx's μ (FedProxServer's train_task on the K members)."""

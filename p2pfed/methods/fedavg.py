@@ -7,6 +7,8 @@ share one module; their decentralized forms are in baselines.py.
 
 from __future__ import annotations
 
+import torch
+
 from p2pfed.methods.central import ServerMethod, Task, Update
 
 
@@ -14,6 +16,9 @@ class FedAvgServer(ServerMethod):
     """McMahan et al.: participants train the global model; it becomes their sample-weighted mean."""
 
     name = "fedavg"
+
+    def served_model(self) -> dict[str, torch.Tensor] | None:
+        return self.models.get(0)
 
 
 class OracleServer(ServerMethod):

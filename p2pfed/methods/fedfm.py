@@ -232,6 +232,9 @@ class FedFMServer(FedAvgServer):
     def eval_task(self, node: str) -> Task:
         return Task("eval", [self.global_model])
 
+    def served_model(self) -> dict[str, torch.Tensor] | None:
+        return self.global_model
+
     def clusters(self) -> dict[str, int]:
         return {}
 

@@ -178,6 +178,9 @@ class ScaffoldServer(ServerMethod):
         for k in self.trainable:  # c ← c + (|S|/N)·mean(Δc_i)
             self.control[k] = self.control[k] + share * torch.stack([dc[k] for _, _, dc in taken]).mean(0)
 
+    def served_model(self) -> dict[str, torch.Tensor] | None:
+        return self.models.get(0)
+
     def state(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
         data, models = super().state()
         return data, {**models, "control": self.control}

@@ -14,7 +14,9 @@ worst5_accuracy the mean of the 5 worst nodes (paper 000's "bottom accuracy"); b
 mean of the 5 best evaluation rounds' micro accuracy (paper 000 reports it, as accuracy swings from round to
 round); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
 exp); ari the adjusted Rand index between the true clusters and the discovered ones (connected groups of
-mutual choices), for methods that discover clusters.
+mutual choices), for methods that discover clusters; server_test_accuracy, with data.server_test and a method
+that serves one model, is paper 004's figure: that model's accuracy on the server's held-out test set in the
+evaluation where the nodes' mean validation accuracy of it was highest (server_best_round; null otherwise).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         nmi = float(normalized_mutual_info_score([true[n] for n in members], [found[n] for n in members]))
     excluded = {adv: _excluded_by(adv, choices, found, [n for n in honest if true.get(n, -1) == true.get(adv, -2)])
                 for adv in adversaries}
+    best = _best_served(coordinator)
     bytes_sent = sum(int(v.get("bytes_sent", 0)) for v in per_node.values() if v)
     bytes_sent += sum(int(r.get("bytes_sent", 0)) for r in coordinator if r["event"] == "final")
     return {
@@ -83,6 +86,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "worst5_accuracy": float(np.mean(accs[:5])) if accs else None,
         "best5_rounds_micro_accuracy": _best_rounds(records, set(honest), test_sizes),
         "macro_f1": float(np.mean(f1s)) if f1s else None,
+        "server_test_accuracy": best["accuracy"] if best else None,
+        "server_best_round": best["round"] if best else None,
         "loss": loss,
         "perplexity": math.exp(loss) if loss is not None and partition.get("task") == "next-token" else None,
         "ari": ari,
@@ -135,6 +140,13 @@ def _best_rounds(records: list[dict[str, Any]], honest: set[str], test_sizes: di
     return float(np.mean(rounds[:best])) if rounds and total else None
 
 
+def _best_served(coordinator: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The coordinator's server-test record (paper 004's protocol) whose nodes' mean validation accuracy is the
+    highest, the earliest among equals; None without such records, or when no node validated."""
+    served = [r for r in coordinator if r["event"] == "server" and isinstance(r.get("val_accuracy"), float)]
+    return max(served, key=lambda r: r["val_accuracy"]) if served else None  # max keeps the first of equals
+
+
 def _by_cluster(nodes: dict[str, Any], true: dict[str, int]) -> dict[int, list[float]]:
     """The accuracies of nodes grouped by true cluster (clusters known only)."""
     out: dict[int, list[float]] = {}
@@ -174,9 +186,12 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
         return "–" if v is None else f"{100 * v:.2f}"
 
     text = any(m.get("perplexity") is not None for m in summary["methods"].values())
+    served = any(m.get("server_test_accuracy") is not None for m in summary["methods"].values())
     rows = []
     for name, m in sorted(summary["methods"].items(), key=lambda kv: -(kv[1]["accuracy"] or 0)):
         row = [name, pct(m["accuracy"]), pct(m.get("micro_accuracy")), pct(m["bottom5_accuracy"]), pct(m["macro_f1"])]
+        if served:  # paper 004's figure: the served model's best round, on the server's test set
+            row.append(pct(m.get("server_test_accuracy")))
         if text:  # next-token prediction: the loss per token and its perplexity say more than accuracy
             loss, ppl = m.get("loss"), m.get("perplexity")
             row += ["–" if loss is None else f"{loss:.3f}", "–" if ppl is None else f"{ppl:.2f}"]
@@ -184,7 +199,8 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
                      f"{m['seconds']:.0f}", f"{m['nodes_finished']}/{m['nodes']}"
                      + (f" ({m['rounds_skipped']} rounds skipped)" if m.get("rounds_skipped") else "")])
     headers = ["method", "accuracy %", "micro acc %", "bottom-5% acc %", "macro-F1 %",
-               *(["test loss", "perplexity"] if text else []), "ARI", "MB sent", "seconds", "finished"]
+               *(["server test %"] if served else []), *(["test loss", "perplexity"] if text else []), "ARI",
+               "MB sent", "seconds", "finished"]
     return tabulate(rows, headers=headers, tablefmt=fmt)
 
 

@@ -11,8 +11,8 @@ summary.json of a seeds folder::
                               "<metric>": {"mean": float, "sd": float | null, "values": [float | null]}, ...}}}
 
 for each metric of a seed's summary.json that is a number (accuracy, micro_accuracy, bottom5_accuracy,
-macro_f1, loss, perplexity, ari, nmi, bytes_sent, seconds); values are in the order of the method's seeds
-(null where a seed has no value, e.g. no ARI), mean and sd over the known ones. sd is the sample standard
+server_test_accuracy, macro_f1, loss, perplexity, ari, nmi, bytes_sent, seconds); values are in the order of the
+method's seeds (null where a seed has no value, e.g. no ARI), mean and sd over the known ones. sd is the sample standard
 deviation (n − 1 in the denominator: the seeds are a sample of the runs one could make; paper 002 does not
 say which it used), null with one value. A method counts only the seeds that ran it to its end (its run.json
 is written; a method cut short by Ctrl-C has none), and nodes_finished / nodes shows whether every node of
@@ -36,7 +36,7 @@ from p2pfed.report.results import line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
 
 METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "worst5_accuracy", "best5_rounds_micro_accuracy",
-           "macro_f1", "loss", "perplexity", "ari", "nmi", "bytes_sent", "seconds")
+           "server_test_accuracy", "macro_f1", "loss", "perplexity", "ari", "nmi", "bytes_sent", "seconds")
 
 
 def seed_folder(run_dir: Path, seed: int) -> Path:
@@ -148,16 +148,20 @@ def seeds_table(summary: dict[str, Any], fmt: str = "simple") -> str:
         return f"{scale * mean:.{digits}f}" + ("" if sd is None else f" ± {scale * sd:.{digits}f}")
 
     text = any("perplexity" in m for m in summary["methods"].values())
+    served = any("server_test_accuracy" in m for m in summary["methods"].values())
     rows = []
     order = sorted(summary["methods"].items(), key=lambda kv: -kv[1].get("accuracy", {"mean": 0})["mean"])
     for name, m in order:
         row = [name, cell(m, "accuracy", 100, 2), cell(m, "micro_accuracy", 100, 2),
                cell(m, "bottom5_accuracy", 100, 2), cell(m, "macro_f1", 100, 2)]
+        if served:
+            row.append(cell(m, "server_test_accuracy", 100, 2))
         if text:
             row += [cell(m, "loss", 1, 3), cell(m, "perplexity", 1, 2)]
         rows.append([*row, cell(m, "ari", 1, 3), len(m["seeds"]), f"{m['nodes_finished']}/{m['nodes']}"])
     headers = ["method", "accuracy %", "micro acc %", "bottom-5% acc %", "macro-F1 %",
-               *(["test loss", "perplexity"] if text else []), "ARI", "seeds", "finished"]
+               *(["server test %"] if served else []), *(["test loss", "perplexity"] if text else []), "ARI",
+               "seeds", "finished"]
     seeds = ", ".join(map(str, summary["seeds"]))
     title = f"mean ± standard deviation over seeds {seeds}\n" + ("\n" if fmt == "github" else "")
     return title + tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)

@@ -45,6 +45,11 @@ class DataConfig:
     # training samples per class set aside for the server before the partition deals the rest (0: none): paper
     # 000 draws its 10 indicator samples per class "before assigning the data to the client"
     server_per_class: int = 0
+    # test samples the coordinator holds out and tests the method's one global model on, after every evaluation
+    # (0: none; more than the test split: all of it): paper 004 reports "the testing accuracy of the best model on
+    # the testing dataset" held at the server, the best model being the one whose mean local validation accuracy
+    # is highest (report/results.py: server_test_accuracy)
+    server_test: int = 0
     # a node with its own data (p2pfed node --data): the share of its samples it tests on (val_fraction: that it
     # validates on), and, where data.dataset is not one p2pfed knows, the input shape and class count every
     # member's data must have
@@ -214,6 +219,7 @@ class Scenario:
             (self.data.max_train >= 0 and self.data.max_val >= 0,
              "data.max_train and data.max_val must be >= 0 (0: no cap)"),
             (0 <= self.data.server_per_class <= 10_000, "data.server_per_class must be in [0, 10000]"),
+            (0 <= self.data.server_test <= 10_000_000, "data.server_test must be in [0, 10000000]"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
             (0 <= self.train.momentum < 1 and 0 <= self.train.weight_decay < 1 and 0 <= self.train.steps <= 100_000,

@@ -245,3 +245,53 @@ async def test_the_servers_samples_are_set_aside_before_the_nodes_get_theirs(
     path.write_text(path.read_text().replace("indicator_per_class = 3", "indicator_per_class = 5"))
     with pytest.raises(ConfigError, match=re.escape("indicator_per_class (5) must not exceed data.server_per_class")):
         load_checked(path)
+
+
+def test_a_served_model_is_tested_on_the_servers_set_and_reported_at_its_best_validation_round(
+        tmp_path: Path) -> None:
+    """Paper 004's protocol over real sockets: each evaluation, the nodes also validate the global model, and the
+    coordinator tests it on its own held-out test samples; the report takes the round of the best validation."""
+    path = write(tmp_path, methods='["fedavg"]')
+    shrink(path, nodes=3, clusters=1, rounds=6)
+    path.write_text(path.read_text().replace("[data]\n", "[data]\nserver_test = 300\n")
+                    .replace("round_timeout = 20", "round_timeout = 20\neval_every = 2"))
+    out = tmp_path / "run"
+    run_scenario(load_checked(path), out)
+    served = [r for r in coordinator_records(out, "fedavg") if r["event"] == "server"]
+    assert [r["round"] for r in served] == [1, 3, 5, 5]  # every evaluation, and the finish after round 5
+    assert all(r["validated"] == 3 and r["test_samples"] == 300 and 0 <= r["val_accuracy"] <= 1 for r in served)
+    node = [json.loads(line) for line in (out / "fedavg" / "n00.jsonl").read_text().splitlines()]
+    assert all(0 <= r["val_accuracy"] <= 1 for r in node if r["event"] == "round")
+    best = max(served, key=lambda r: r["val_accuracy"])
+    summary = json.loads((out / "summary.json").read_text())["methods"]["fedavg"]
+    assert summary["server_test_accuracy"] == best["accuracy"] and summary["server_best_round"] == best["round"]
+    assert "server test %" in (out / "results.md").read_text()
+
+
+async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left_out(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    scenario, dataset, partition = small(tmp_path)
+    scenario.data.server_test = 50
+    asked: list[dict[str, Any]] = []
+
+    def answering(coordinator: Coordinator, vals: dict[str, Any]) -> None:
+        async def ask(nodes: list[str], tasks: dict[str, Task], timeout: float | None = None) -> dict[str, Any]:
+            asked.extend(t.meta for t in tasks.values())
+            return {n: {"accuracy": 0.5, "val_accuracy": vals[n]} for n in nodes}
+        coordinator.ask = ask  # type: ignore[method-assign]
+        coordinator.live_nodes = lambda: sorted(vals)  # type: ignore[method-assign]
+
+    fedavg = Coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path / "a")
+    await fedavg.method.before_round(0, ["n00", "n01", "n02", "n03"])
+    answering(fedavg, {"n00": 0.5, "n01": 0.75, "n02": 5.0, "n03": float("nan")})
+    await fedavg.evaluate("eval")
+    assert [m["validate"] for m in asked] == [1, 1, 1, 1]
+    record = coordinator_records(tmp_path, "a")[-1]
+    assert record["event"] == "server" and record["validated"] == 2 and record["val_accuracy"] == 0.625
+    assert record["test_samples"] == 50  # the seeded draw from the test split
+    asked.clear()
+    ifca = Coordinator(scenario, "ifca", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
+    answering(ifca, {"n00": 0.5})
+    await ifca.evaluate("eval")
+    assert asked and not any("validate" in m for m in asked)  # cluster models: nothing one server set could test
+    assert not (tmp_path / "b" / "coordinator.jsonl").exists()
