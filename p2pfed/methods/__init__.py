@@ -16,7 +16,7 @@ from p2pfed.methods.cfl import CFLServer
 from p2pfed.methods.ensemble import FedAvgEnsembleServer, FedProxEnsembleServer
 from p2pfed.methods.fedavg import FedAvgServer, LocalServer, OracleServer
 from p2pfed.methods.fedavgm import FedAvgMServer
-from p2pfed.methods.feddsmic import FedDSMICServer, FedDSServer
+from p2pfed.methods.feddsmic import FedDSMICPaperServer, FedDSMICServer, FedDSPaperServer, FedDSServer
 from p2pfed.methods.fedfm import FedFML2Server, FedFMLiteServer, FedFMServer
 from p2pfed.methods.fedfomo import FedFomoServer
 from p2pfed.methods.fedproto import FedProtoServer
@@ -35,8 +35,8 @@ REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, 
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     FedAvgServer, FedProxServer, LocalServer, OracleServer, FeSEMServer, IFCAServer, CFLServer,
     PFedLIACentralServer, PFedLIACentralPaperServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,
-    FedDSMICServer, FedDSServer, FedFMServer, FedFML2Server, FedFMLiteServer, PerFedAvgServer, FedAvgMServer,
-    ScaffoldServer, FedAvgEnsembleServer, FedProxEnsembleServer, FedProxFMServer)}
+    FedDSMICServer, FedDSServer, FedDSMICPaperServer, FedDSPaperServer, FedFMServer, FedFML2Server, FedFMLiteServer,
+    PerFedAvgServer, FedAvgMServer, ScaffoldServer, FedAvgEnsembleServer, FedProxEnsembleServer, FedProxFMServer)}
 METHODS = (*CENTRAL, *REGISTRY)
 OPTIONS: dict[str, type[MethodOptions] | None] = {
     **{m: c.options_type for m, c in CENTRAL.items()}, **{m: c.options_type for m, c in REGISTRY.items()}}

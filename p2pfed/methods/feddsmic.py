@@ -120,6 +120,23 @@ class FedDSMICOptions(ClusteredOptions):
                               f"data.server_per_class ({held}): the server holds only those")
 
 
+@dataclass(frozen=True)
+class PaperFedDSMICOptions(FedDSMICOptions):
+    """feddsmic-paper's: feddsmic's table but the first centers, random (Algorithm 1) unless told otherwise."""
+
+    init: str = "random"
+    moved: ClassVar[dict[str, str]] = {}
+    base: ClassVar[str] = "feddsmic"
+    own: ClassVar[frozenset[str]] = frozenset({"init"})
+
+
+@dataclass(frozen=True)
+class PaperFedDSOptions(PaperFedDSMICOptions):
+    """fedds-paper's: fedds's table but the first centers, random unless told otherwise."""
+
+    base: ClassVar[str] = "fedds"
+
+
 class FedDSMICServer(ServerMethod):
     """KL clustering on indicator samples, MAML centers, one-step personalisation."""
 
@@ -226,3 +243,18 @@ class FedDSServer(FedDSMICServer):
 
     name = "fedds"
     maml = False
+
+
+class FedDSMICPaperServer(FedDSMICServer):
+    """FedDSMIC from random initial centers, as the paper's Algorithm 1: run beside feddsmic, it shows what our
+    first clustering (k-means on the first local models) adds."""
+
+    name = "feddsmic-paper"
+    options_type = PaperFedDSMICOptions
+
+
+class FedDSPaperServer(FedDSServer):
+    """FedDS from random initial centers (the paper's Algorithm 1 for its ablation too)."""
+
+    name = "fedds-paper"
+    options_type = PaperFedDSOptions

@@ -17,6 +17,10 @@ Choices where the paper leaves room, and why:
   nodes each round, with the stale W_i of those who did not train.
 - A node that joins later has no W_i yet: it starts from the center that fits its data best (lowest
   training loss), and the E-step places it once it has sent its first W_i.
+- Participation: the scenario's (``train.participation``), so that FeSEM trains as often as the methods it is
+  compared with (paper 002 runs it at 10%), unless ``[methods.fesem] participation`` says otherwise: paper 003
+  runs every client every round ("the clustering algorithm usually requires the full participation of all
+  clients"), which ``participation = 1.0`` reproduces.
 """
 
 from __future__ import annotations
@@ -30,7 +34,17 @@ import torch
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import weighted_average
-from p2pfed.methods.central import ServerMethod, Task, Update, flatten, keyed, kmeans_groups, nearest_groups, unkeyed
+from p2pfed.methods.central import (
+    ServerMethod,
+    Task,
+    Update,
+    flatten,
+    keyed,
+    kmeans_groups,
+    nearest_groups,
+    participates,
+    unkeyed,
+)
 from p2pfed.methods.options import ClusteredOptions
 
 log = logging.getLogger(__name__)
@@ -41,12 +55,15 @@ class FeSEMOptions(ClusteredOptions):
     """FeSEM's options, the scenario's [methods.fesem] table: K and λ (penalty)."""
 
     penalty: float = 0.01  # λ of Eq. 7 (λ/m folded in)
+    participation: float = 0.0  # the share of nodes training each round; 0: the scenario's (paper 003: 1.0)
     moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.fesem_lambda": "penalty"}
 
     def validate(self, where: str) -> None:
         super().validate(where)
         if not self.penalty >= 0:
             raise ConfigError(f"{where}penalty must be >= 0 (got {self.penalty})")
+        if not 0 <= self.participation <= 1:
+            raise ConfigError(f"{where}participation must be in [0, 1] (0: the scenario's; got {self.participation})")
 
 
 class FeSEMServer(ServerMethod):
@@ -87,6 +104,11 @@ class FeSEMServer(ServerMethod):
         for n, u in updates.items():
             if u.state is not None:
                 self.local[n], self.flat[n] = u.state, flatten(u.state)
+
+    def participants(self, rnd: int, live: list[str]) -> list[str]:
+        if not self.options.participation:
+            return super().participants(rnd, live)
+        return [n for n in live if participates(self.ctx.seed, n, rnd, self.options.participation)]
 
     def train_task(self, rnd: int, node: str) -> Task:
         task = super().train_task(rnd, node)

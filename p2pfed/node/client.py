@@ -213,8 +213,9 @@ class CentralNode(LocalNode):
             if self.send_delay:
                 await asyncio.sleep(self.send_delay)
             if kind == "train":
+                before = state_of(self.model) if self.adversary == "free-rider" else None
                 update, choice = await client.train(task)
-                update = self._as_adversary(update, task, choice)
+                update = self._as_adversary(update, task, choice, before)
                 self.record("train", train_loss=finite(update.meta["train_loss"]), choice=choice)
                 self.checkpoint()
                 body = {"kind": "update", "samples": self.data.samples,
@@ -233,11 +234,17 @@ class CentralNode(LocalNode):
             answer = [values[name] for name in task.names]
             return self.endpoint.message("note", {"kind": "answer", "names": task.names, "values": answer, "meta": {}})
 
-    def _as_adversary(self, update: Update, task: Task, choice: int) -> Update:
-        """What a scripted adversary sends instead of its honest update: the model it was given back
-        (free-rider) or noise (noise-model). Label flipping needs nothing here: it trained on flipped labels."""
-        if self.adversary == "free-rider" and update.state is not None and task.candidates:
-            return Update(task.candidates[choice], update.samples, update.meta, update.extra, update.aux)
+    def _as_adversary(self, update: Update, task: Task, choice: int, before: dict[str, torch.Tensor] | None
+                      ) -> Update:
+        """What a scripted adversary sends instead of its honest update: what it was given, back untrained
+        (free-rider), or noise (noise-model). Label flipping needs nothing here: it trained on flipped labels."""
+        if self.adversary == "free-rider" and update.state is not None and before is not None:
+            # An update is the candidate trained, then the models every node shares (CAM's global model, an
+            # ensemble's members, all shared and no candidate); a task with no model trains the one the node
+            # holds (FedFM's global model, kept from the anchor exchange). Each goes back as it came.
+            given = [*task.candidates[choice:choice + 1], *task.models[:task.shared]] or [before]
+            self.model.load_state_dict(before)  # and it keeps nothing of the training it pretends to have done
+            return Update(given[0], update.samples, update.meta, given[1:], update.aux)
         if self.adversary == "noise-model" and update.state is not None:
             return Update(noise_like(update.state, self.round_seed), update.samples, update.meta,
                           [noise_like(m, self.round_seed + 1) for m in update.extra], update.aux)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
-from p2pfed.methods.central import Task, Update
+from p2pfed.config import ConfigError
+from p2pfed.methods.central import Task, Update, participates
 from p2pfed.methods.fesem import FeSEMOptions, FeSEMServer
 from tests.methods.fake import FakeCoordinator, vec
 
@@ -48,3 +50,19 @@ def test_a_node_that_joins_later_chooses_the_center_that_fits_it_until_it_has_a_
     again = FeSEMServer(ctx, FeSEMOptions())
     again.restore(data, state)
     assert again.clusters() == method.clusters() and set(again.local) == set(FIRST)
+
+
+def test_fesem_trains_the_scenarios_share_of_nodes_unless_its_own_participation_says_every_node() -> None:
+    ctx = FakeCoordinator(first_local_models, clusters=2)
+    ctx.fraction = 0.3
+    live = [f"n{i}" for i in range(40)]
+    scenario_share = FeSEMServer(ctx, FeSEMOptions())
+    drawn = [len(scenario_share.participants(rnd, live)) for rnd in range(5)]
+    assert all(4 <= d <= 20 for d in drawn)  # ~12 of 40 by the shared hash, as every other method trains
+    assert scenario_share.participants(3, live) == [n for n in live if participates(0, n, 3, 0.3)]
+    paper = FeSEMServer(ctx, FeSEMOptions(participation=1.0))  # paper 003: every client, every round
+    assert all(paper.participants(rnd, live) == live for rnd in range(5))
+    half = FeSEMServer(ctx, FeSEMOptions(participation=0.5))
+    assert half.participants(2, live) == [n for n in live if participates(0, n, 2, 0.5)]
+    with pytest.raises(ConfigError, match=r"participation must be in \[0, 1\]"):
+        FeSEMOptions(participation=1.5).validate("methods.fesem.")

@@ -11,6 +11,7 @@ import pytest
 
 from p2pfed.config import ConfigError
 from p2pfed.methods import CENTRAL, MOVED, OPTIONS, REGISTRY, load_checked
+from p2pfed.methods.feddsmic import FedDSMICOptions, PaperFedDSMICOptions, PaperFedDSOptions
 from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.pfedlia.options import PaperCentralOptions, PaperP2POptions
 from p2pfed.scenario.config import Scenario
@@ -45,11 +46,13 @@ DEFAULTS = {
                         "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
     "pfedlia-central-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05,
                               "optics": "paper", "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
-    "fesem": {"k": 0, "penalty": 0.01}, "ifca": {"k": 0},
+    "fesem": {"k": 0, "penalty": 0.01, "participation": 0.0}, "ifca": {"k": 0},
     "ifca-cam": {"k": 0, "warmup": 5}, "fesem-cam": {"k": 0, "warmup": 5, "penalty": 0.01},
     "cfl": {"eps1": 0.4, "eps2": 1.6, "warmup": 20, "min_size": 2},
     "feddsmic": {"k": 0, "indicator_per_class": 10, "inner_lr": 0.01, "warmup": 5, "init": "kmeans"},
     "fedds": {"k": 0, "indicator_per_class": 10, "inner_lr": 0.01, "warmup": 5, "init": "kmeans"},
+    "feddsmic-paper": {"k": 0, "indicator_per_class": 10, "inner_lr": 0.01, "warmup": 5, "init": "random"},
+    "fedds-paper": {"k": 0, "indicator_per_class": 10, "inner_lr": 0.01, "warmup": 5, "init": "random"},
     "fedfm": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False},
     "fedfm-l2": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False},
     "fedfm-lite": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False, "every": 5},
@@ -129,6 +132,21 @@ def test_a_paper_form_takes_its_base_methods_table_but_the_rule(tmp_path: Path) 
     # ... also when the value does not fit the run, and the base method does not run
     with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p\.warmup_rounds \(5\) must be in \[0, scenario"):
         load_checked(path, ["methods.pfedlia-p2p.warmup_rounds=5", "scenario.methods=['pfedlia-p2p-paper']"])
+
+
+
+def test_the_paper_forms_of_feddsmic_and_fedds_take_their_base_tables_but_start_from_random_centers(
+        tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(BASE.format(methods='["feddsmic", "feddsmic-paper", "fedds-paper"]')
+                    + "[methods.feddsmic]\nwarmup = 2\ninner_lr = 0.05\ninit = 'kmeans'\n"
+                    + "[methods.fedds]\nindicator_per_class = 4\n")
+    scenario = load_checked(path)
+    assert options_of("feddsmic-paper", scenario) == PaperFedDSMICOptions(warmup=2, inner_lr=0.05, init="random")
+    assert options_of("fedds-paper", scenario) == PaperFedDSOptions(indicator_per_class=4, init="random")
+    assert options_of("feddsmic", scenario) == FedDSMICOptions(warmup=2, inner_lr=0.05, init="kmeans")
+    told = load_checked(path, ["methods.feddsmic-paper.init='kmeans'"])  # its own table may still say otherwise
+    assert options_of("feddsmic-paper", told) == PaperFedDSMICOptions(warmup=2, inner_lr=0.05, init="kmeans")
 
 
 def options_of(method: str, scenario: Scenario) -> object:

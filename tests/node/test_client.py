@@ -26,6 +26,7 @@ def central_node(tmp_path: Path, members: Callable[..., Endpoint], adversary: st
     """Node n01 of a 3-node digits scenario, with a live coordinator in its peer table."""
     path = write(tmp_path, methods='["pfedlia-central"]')
     shrink(path, nodes=3, clusters=1, rounds=4)
+    path.write_text(path.read_text() + "\n[methods.ifca-cam]\nwarmup = 1\n")
     if adversary:
         path.write_text(path.read_text() + f'\n[[adversaries]]\nnode = 1\nkind = "{adversary}"\n')
     scenario = load_scenario(path)
@@ -102,3 +103,37 @@ async def test_a_task_the_method_does_not_take_is_refused(
     node = central_node(tmp_path, members)
     with pytest.raises(WireError, match=reason):
         await node._on_task(message(node.reference))
+
+
+def train_task(method: str, models: list[dict[str, torch.Tensor]], shared: int, **meta: int) -> Message:
+    body = {"kind": "train", "method": method, "groups": [], "names": [], "meta": {"shared": shared, **meta}}
+    return Message("task", "coord", round=2, body=body, tensors=pack(models))
+
+
+@pytest.mark.parametrize(("method", "shared", "sent"), [
+    ("fedavg", 0, 1),  # one model: it sends it back
+    ("fedavg-ensemble", 3, 3),  # K shared members, no candidate: every member back, untrained, in order
+    ("ifca-cam", 1, 2),  # the global model shared, a cluster model chosen: the cluster part, then the global
+])
+async def test_a_free_rider_sends_back_every_model_it_was_given_untrained(
+        tmp_path: Path, members: Callable[..., Endpoint], method: str, shared: int, sent: int) -> None:
+    node = central_node(tmp_path, members, "free-rider")
+    given = [shifted(node.reference, 0.01 * (i + 1)) for i in range(sent)]
+    reply = await node._on_task(train_task(method, given, shared))
+    assert reply is not None and reply.type == "model"
+    back = unpack(reply.tensors, node.reference)
+    expected = [*given[shared:], *given[:shared]]  # the update's order: the candidate trained, then the shared ones
+    assert len(back) == sent
+    assert all(torch.equal(b[k], e[k]) for b, e in zip(back, expected, strict=True) for k in e)
+
+
+async def test_a_free_rider_given_no_model_sends_back_the_one_it_held_untrained(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    node = central_node(tmp_path, members, "free-rider")
+    held = shifted(node.reference, 0.03)
+    node.model.load_state_dict(held)  # e.g. FedFM's global model, kept from the round's anchor exchange
+    reply = await node._on_task(train_task("fedfm", [], 0, fm=1, classes=10))
+    assert reply is not None
+    [back] = unpack(reply.tensors, node.reference)
+    assert all(torch.equal(back[k], held[k]) for k in held)
+    assert all(torch.equal(node.model.state_dict()[k], held[k]) for k in held)  # nor did it keep any training
