@@ -137,9 +137,10 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     split = Split(recipe.data.val_fraction, recipe.data.test_fraction)
     seed = recipe.seed + own_index(name)
     if recipe.data.vocabulary or is_text(recipe.data.dataset):  # next-token prediction on its own words
-        vocabulary = (vocabulary_of(recipe.data.vocabulary) if recipe.data.vocabulary else
-                      load_dataset(recipe.data.dataset, recipe.data.root or None, recipe.seed).vocabulary)
-        dataset, train, val, test = load_own_text(data_path, vocabulary, split, seed)
+        n = recipe.data.words_per_sample  # a sequence's words are joined by spaces: a letter of its vocabulary
+        vocabulary = (vocabulary_of(recipe.data.vocabulary + (" " if n > 1 else "")) if recipe.data.vocabulary
+                      else load_dataset(recipe.data.dataset, recipe.data.root or None, recipe.seed, n).vocabulary)
+        dataset, train, val, test = load_own_text(data_path, vocabulary, split, seed, n)
         shape, classes = dataset.input_shape, dataset.num_classes
     else:
         shape, classes = expected_shape(recipe.data.dataset, recipe.data.input_shape, recipe.data.classes)

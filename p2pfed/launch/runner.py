@@ -75,7 +75,8 @@ def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:
 def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
     """The dataset and the partition every node derives from the scenario (dealing out the samples' labels,
     or their groups, such as a word's language)."""
-    dataset = load_dataset(scenario.data.dataset, scenario.data.root or None, scenario.seed)
+    dataset = load_dataset(scenario.data.dataset, scenario.data.root or None, scenario.seed,
+                           scenario.data.words_per_sample)
     y_train, y_test = dataset.keys()
     if scenario.data.server_per_class:  # the server's samples first, the rest dealt to the nodes
         y_train = without(y_train, server_samples(y_train, scenario.data.server_per_class, scenario.seed))

@@ -205,15 +205,16 @@ WORDS_PER_GROUP = 6000  # words drawn from each language's list: ~1100 training 
 MAX_WORD = 16  # longer words are left out (a few percent of each list): shorter sequences, faster training
 
 
-def load_text(name: str, files: dict[str, Path], seed: int) -> Dataset:
-    """Words per group (learn/text.py), 75% of each group's for training and 25% for testing."""
+def load_text(name: str, files: dict[str, Path], seed: int, words_per_sample: int = 1) -> Dataset:
+    """Words (or sequences of words_per_sample words) per group (learn/text.py), 75% of each group's for training
+    and 25% for testing."""
     missing = [str(f) for f in files.values() if not f.is_file()]
     if missing:
         hint = "apt-get install wnorwegian wswedish wdanish, or pass data.root: a folder holding them" \
             if name == "scandinavian" else "give a folder of text files, one per group"
         raise DatasetUnavailable(f"{name}: {', '.join(missing)} not found ({hint})")
     try:
-        words = load_words(files, WORDS_PER_GROUP, MAX_WORD, seed)
+        words = load_words(files, WORDS_PER_GROUP, MAX_WORD, seed, words_per_sample)
     except (OSError, ValueError) as exc:
         raise DatasetUnavailable(f"{name}: {exc}") from None
     rng = np.random.default_rng(seed)
@@ -258,8 +259,9 @@ def text_files(name: str, root: Path | None) -> dict[str, Path]:
 DATASETS = ("digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10", "cifar100", "scandinavian", "words:DIR")
 
 
-def load_dataset(name: str, root: str | Path | None = None, seed: int = 0) -> Dataset:
-    """Load a dataset by name (see DATASETS), or a path to a node's own .npz / ImageFolder."""
+def load_dataset(name: str, root: str | Path | None = None, seed: int = 0, words_per_sample: int = 1) -> Dataset:
+    """Load a dataset by name (see DATASETS), or a path to a node's own .npz / ImageFolder; a text dataset's
+    samples are words, or sequences of words_per_sample words (learn/text.py)."""
     root_path = Path(root).expanduser() if root else None
     if name == "digits":
         return load_digits(seed)
@@ -270,7 +272,7 @@ def load_dataset(name: str, root: str | Path | None = None, seed: int = 0) -> Da
     if name in ("cifar10", "cifar100"):
         return _load_cifar(name, root_path)
     if is_text(name):
-        return load_text(name, text_files(name, root_path), seed)
+        return load_text(name, text_files(name, root_path), seed, words_per_sample)
     if name.endswith((".npz", ".csv")) or Path(name).is_dir():
         return load_own(Path(name), seed)
     raise DatasetUnavailable(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)} or a path")

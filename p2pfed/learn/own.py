@@ -20,7 +20,7 @@ import torch
 from p2pfed.learn.datasets import MAX_WORD, Dataset, normalised
 from p2pfed.learn.files import OwnDataError, read_own
 from p2pfed.learn.tasks import NEXT_TOKEN
-from p2pfed.learn.text import encode_words, read_text, words_of
+from p2pfed.learn.text import encode_words, read_text, sample_length, sequences_of
 
 # The input shape and class count of the named datasets, so that a recipe naming one (data.dataset) fixes what
 # every member's own data must look like without loading that dataset here.
@@ -45,25 +45,27 @@ class Split:
                                "and leave samples to train on")
 
 
-def load_own_text(path: Path, vocabulary: str, split: Split, seed: int
+def load_own_text(path: Path, vocabulary: str, split: Split, seed: int, words_per_sample: int = 1
                   ) -> tuple[Dataset, np.ndarray, np.ndarray, np.ndarray]:
-    """This node's words at path for next-token prediction, in the recipe's vocabulary (words spelt with other
-    letters are left out, and named if that is most of them), split as load_own_data splits."""
+    """This node's words (or sequences of words_per_sample words) at path for next-token prediction, in the
+    recipe's vocabulary (samples spelt with other letters are left out, and named if that is most of them),
+    split as load_own_data splits."""
     split.check()
     if not path.is_file() or path.suffix not in (".txt", ""):
         raise OwnDataError(f"{path}: own text must be a text file (.txt) of words")
+    what = "words" if words_per_sample <= 1 else f"sequences of {words_per_sample} words"
     try:
-        words = words_of(read_text(path), MAX_WORD)
+        words = sequences_of(read_text(path), words_per_sample, MAX_WORD, seed)
     except (OSError, ValueError) as exc:
         raise OwnDataError(f"{path}: {exc}") from None
     letters = set(vocabulary)
     usable = [w for w in words if set(w) <= letters]
     if len(usable) < max(MIN_SAMPLES, len(words) // 2):
         strange = sorted({c for w in words for c in w} - letters)[:20]
-        raise OwnDataError(f"{path}: {len(usable)} of {len(words)} words (of at most {MAX_WORD} letters) are spelt "
-                           f"with the recipe's vocabulary; letters it lacks: {''.join(strange)!r} "
-                           f"(data.vocabulary; at least {MIN_SAMPLES} words needed)")
-    x, y = encode_words(usable, vocabulary, MAX_WORD)
+        raise OwnDataError(f"{path}: {len(usable)} of {len(words)} {what} (of words of at most {MAX_WORD} letters) "
+                           f"are spelt with the recipe's vocabulary; letters it lacks: {''.join(strange)!r} "
+                           f"(data.vocabulary; at least {MIN_SAMPLES} needed)")
+    x, y = encode_words(usable, vocabulary, sample_length(words_per_sample, MAX_WORD))
     trainval, test, n_train = _split(len(usable), split, seed, path)
     dataset = Dataset(path.stem, x[trainval], y[trainval], x[test], y[test], len(vocabulary), NEXT_TOKEN,
                       vocabulary=vocabulary)

@@ -7,6 +7,12 @@ A word becomes a sample: x = BOS c1 … cn, y = c1 … cn EOS, both padded to th
 padding is tasks.PAD, left out of loss and metrics). Characters are lowercased; the vocabulary is every
 character of every group, sorted, so every node derives the same one.
 
+Word sequences (``words_per_sample`` n > 1, data.words_per_sample): a sample is n consecutive words joined
+by spaces, so the model also learns how words follow each other and where one ends, as a model of running
+text does. In running text the words keep the text's order. A word list (one word per line, as Debian's)
+has no order to keep: its distinct words are shuffled with the seed first, so a sequence is n words of the
+language drawn at random rather than n alphabetical neighbours that share a prefix.
+
 The word lists come in mixed encodings (Debian's bokmål, nynorsk and Swedish lists are ISO-8859-1, the
 Danish one UTF-8). A file is read as UTF-8 when it is valid UTF-8, else as ISO-8859-1: ISO-8859-1 text with
 any letter beyond ASCII (æ, ø, å, ä, ö) is never valid UTF-8, and a wrong guess would drop or garble exactly
@@ -65,18 +71,47 @@ def words_of(text: str, max_len: int) -> list[str]:
     return list(seen)
 
 
-def load_words(files: dict[str, Path], per_group: int, max_len: int, seed: int) -> Words:
-    """per_group words drawn from each group's file (deterministically from seed), encoded."""
+def is_word_list(text: str) -> bool:
+    """Whether a text is a word list (every non-empty line one word) rather than running text."""
+    return all(len(line.split()) <= 1 for line in text.splitlines())
+
+
+def sequences_of(text: str, words_per_sample: int, max_len: int, seed: int) -> list[str]:
+    """The text as samples of words_per_sample consecutive words joined by spaces, not overlapping (1: its
+    distinct words, as words_of); a word list's words are shuffled with seed first (see the module's
+    docstring). A word longer than max_len or holding a control character is left out of the sequence."""
+    if words_per_sample <= 1:
+        return words_of(text, max_len)
+    if is_word_list(text):
+        distinct = words_of(text, max_len)
+        words = [distinct[i] for i in np.random.default_rng([seed, 7]).permutation(len(distinct))]
+    else:
+        words = [w for w in text.lower().split() if len(w) <= max_len and w.isprintable()]
+    return [" ".join(words[i:i + words_per_sample])
+            for i in range(0, len(words) - words_per_sample + 1, words_per_sample)]
+
+
+def sample_length(words_per_sample: int, max_len: int) -> int:
+    """The longest sample in characters: n words of at most max_len letters and the n - 1 spaces between."""
+    return words_per_sample * (max_len + 1) - 1
+
+
+def load_words(files: dict[str, Path], per_group: int, max_len: int, seed: int, words_per_sample: int = 1) -> Words:
+    """per_group samples (words, or sequences of words_per_sample words) drawn from each group's file
+    (deterministically from seed), encoded."""
     chosen: dict[str, list[str]] = {}
+    what = "words" if words_per_sample <= 1 else f"sequences of {words_per_sample} words"
     for name, path in files.items():
-        words = words_of(read_text(path), max_len)
+        words = sequences_of(read_text(path), words_per_sample, max_len, seed)
         if len(words) < 4:  # a quarter of a group's words are its test words: at least one
-            raise ValueError(f"{path}: {len(words)} usable words (need at least 4 of at most {max_len} letters)")
+            raise ValueError(f"{path}: {len(words)} usable {what} (need at least 4, of words of at most {max_len} "
+                             "letters)")
         rng = np.random.default_rng([seed, len(chosen)])
         picks = rng.choice(len(words), size=min(per_group, len(words)), replace=False)
         chosen[name] = [words[i] for i in np.sort(picks)]
     vocabulary = vocabulary_of("".join(w for ws in chosen.values() for w in ws))
-    x, y = encode_words([w for ws in chosen.values() for w in ws], vocabulary, max_len)
+    x, y = encode_words([w for ws in chosen.values() for w in ws], vocabulary,
+                        sample_length(words_per_sample, max_len))
     groups = [g for g, words in enumerate(chosen.values()) for _ in words]
     return Words(x, y, np.array(groups, dtype=np.int64), vocabulary, list(chosen))
 

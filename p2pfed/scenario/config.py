@@ -60,6 +60,8 @@ class DataConfig:
     # own text (next-token prediction): the letters every member's words are spelt with ("": those of the text
     # dataset data.dataset names, read on each machine)
     vocabulary: str = ""
+    # text: the words of a sample (1: a word a sample; n > 1: n consecutive words joined by spaces, learn/text.py)
+    words_per_sample: int = 1
     # the [data.partition] table: kind (the partition's name) and that partition's own options
     # (learn/partition.py), filled by load_scenario
     partition: PartitionOptions = field(default_factory=Pathological)
@@ -220,6 +222,9 @@ class Scenario:
              "data.max_train and data.max_val must be >= 0 (0: no cap)"),
             (0 <= self.data.server_per_class <= 10_000, "data.server_per_class must be in [0, 10000]"),
             (0 <= self.data.server_test <= 10_000_000, "data.server_test must be in [0, 10000000]"),
+            (1 <= self.data.words_per_sample <= 16, "data.words_per_sample must be in [1, 16]"),
+            (self.data.words_per_sample == 1 or is_text(self.data.dataset) or bool(self.data.vocabulary),
+             "data.words_per_sample is for text (scandinavian, words:DIR, or own words with data.vocabulary)"),
             (self.train.epochs >= 1 and self.train.batch_size >= 1 and self.train.lr > 0,
              "train.epochs, train.batch_size and train.lr must be positive"),
             (0 <= self.train.momentum < 1 and 0 <= self.train.weight_decay < 1 and 0 <= self.train.steps <= 100_000,

@@ -170,6 +170,15 @@ def test_own_words_are_samples_for_next_token_prediction_in_the_recipes_vocabula
     (tmp_path / "other.txt").write_text("\n".join(f"ω{w}" for w in words) + "\n")
     with pytest.raises(OwnDataError, match=r"0 of 72 words .* letters it lacks: 'ω'"):
         load_own_text(tmp_path / "other.txt", vocabulary, Split(), seed=0)
+    # sequences of 3 words (data.words_per_sample): running text keeps its order, a space is a letter too
+    (tmp_path / "prose.txt").write_text(" ".join(words) + "\n")
+    spaced = vocabulary_of("abcdefghijklmnopqrstuvwxyzæøå ")
+    prose, train, val, test = load_own_text(tmp_path / "prose.txt", spaced, Split(), seed=0, words_per_sample=3)
+    assert len(train) + len(val) + len(test) == 24 and prose.input_shape == (3 * 17,)
+    assert {decode(x, spaced) for x in torch.cat([prose.x_train, prose.x_test])} == \
+        {" ".join(words[i:i + 3]) for i in range(0, 72, 3)}
+    with pytest.raises(OwnDataError, match=r"0 of 24 sequences of 3 words .* letters it lacks: ' '"):
+        load_own_text(tmp_path / "prose.txt", vocabulary, Split(), seed=0, words_per_sample=3)
     # members with the same letters in another order, or other letters, train other recipes
     s = Scenario()
     assert s.fingerprint("fedavg-p2p", (17,), 31, "next-token", vocabulary) != \

@@ -17,7 +17,7 @@ from p2pfed.config import ConfigError
 from p2pfed.learn.datasets import DatasetUnavailable, load_dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.tasks import NEXT_TOKEN, PAD, TASKS
-from p2pfed.learn.text import BOS, EOS, decode, load_words, read_text, words_of
+from p2pfed.learn.text import BOS, EOS, decode, is_word_list, load_words, read_text, sequences_of, words_of
 from p2pfed.learn.train import evaluate
 from p2pfed.scenario.config import load_scenario
 
@@ -49,6 +49,44 @@ def test_a_word_is_its_characters_after_a_start_token_and_their_next_ones_then_t
     with pytest.raises(ValueError, match="3 usable words"):
         (tmp_path / "c.txt").write_text("a b c\n")
         load_words({"c": tmp_path / "c.txt"}, per_group=2, max_len=4, seed=0)
+
+
+def test_running_text_becomes_sequences_of_consecutive_words_in_its_order() -> None:
+    text = "The cat sat\non the MAT and kjempelangtord then it ran"
+    assert not is_word_list(text)
+    assert sequences_of(text, 2, 6, seed=0) == ["the cat", "sat on", "the mat", "and then", "it ran"]
+    assert sequences_of(text, 4, 6, seed=0) == ["the cat sat on", "the mat and then"]  # the short tail left out
+    assert sequences_of(text, 1, 6, seed=0) == words_of(text, 6)  # one word a sample: the distinct words
+
+
+def test_a_word_lists_words_are_drawn_into_sequences_at_random_not_as_alphabetical_neighbours() -> None:
+    listed = "\n".join(f"ord{a}{b}" for a in "abcdefgh" for b in "abcdefgh")  # 64 words, sorted
+    assert is_word_list(listed)
+    sequences = sequences_of(listed, 4, 6, seed=0)
+    assert len(sequences) == 16 and sorted(w for s in sequences for w in s.split()) == listed.split()
+    assert sequences != sequences_of(listed, 4, 6, seed=1) and sequences == sequences_of(listed, 4, 6, seed=0)
+    assert sum(s.split()[0][:4] == s.split()[1][:4] for s in sequences) < 8  # not neighbours sharing a prefix
+
+
+def test_a_sequence_sample_is_its_words_and_spaces_after_a_start_token(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("ab ba abba bab ab ab b a\n")
+    words = load_words({"a": tmp_path / "a.txt"}, per_group=10, max_len=4, seed=0, words_per_sample=2)
+    assert words.vocabulary == BOS + EOS + " ab" and words.x.shape == (4, 2 * 5)  # 2 words, 1 space, the end
+    assert [decode(x, words.vocabulary) for x in words.x] == ["ab ba", "abba bab", "ab ab", "b a"]
+    v = {c: i for i, c in enumerate(words.vocabulary)}
+    assert words.y[0].tolist() == [v["a"], v["b"], v[" "], v["b"], v["a"], v[EOS], PAD, PAD, PAD, PAD]
+    (tmp_path / "b.txt").write_text("ab ba abba bab ab ab\n")
+    with pytest.raises(ValueError, match="3 usable sequences of 2 words"):
+        load_words({"b": tmp_path / "b.txt"}, per_group=10, max_len=4, seed=0, words_per_sample=2)
+
+
+def test_words_per_sample_is_for_text_and_bounded(tmp_path: Path) -> None:
+    path = text_scenario(tmp_path)
+    assert load_scenario(path, ["data.words_per_sample=4"]).data.words_per_sample == 4
+    with pytest.raises(ConfigError, match=r"data\.words_per_sample must be in \[1, 16\]"):
+        load_scenario(path, ["data.words_per_sample=0"])
+    with pytest.raises(ConfigError, match=r"data\.words_per_sample is for text"):
+        load_scenario(path, ["data.words_per_sample=2", "data.dataset='digits'", "train.model='cnn'"])
 
 
 @pytest.mark.skipif(not Path("/usr/share/dict/bokmaal").exists(), reason="the word lists are not installed "
