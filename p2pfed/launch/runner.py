@@ -336,6 +336,9 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                 progress(method, done, scenario.rounds)
             await script.advance(front)
             if not mesh.running() and script.done:
+                if coordinator_task is not None:  # the nodes end once they have their final model; the
+                    # coordinator may still be writing its last records (a server-held test, the final record)
+                    await asyncio.wait({coordinator_task}, timeout=2 * scenario.train.round_timeout)
                 break
     finally:
         if coordinator_task is not None and not coordinator_task.done():

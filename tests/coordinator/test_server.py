@@ -295,3 +295,23 @@ async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left
     await ifca.evaluate("eval")
     assert asked and not any("validate" in m for m in asked)  # cluster models: nothing one server set could test
     assert not (tmp_path / "b" / "coordinator.jsonl").exists()
+
+
+def test_the_run_waits_for_the_coordinators_last_records_after_the_nodes_have_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the finish, the nodes end at once; a coordinator still testing the served model on its own test set
+    (seconds on a large one) used to be cancelled then, losing its last records (the final one: bytes, clusters)."""
+    slow = Coordinator.test_served
+
+    async def slower(self: Coordinator, *args: Any) -> None:
+        await asyncio.sleep(2.0)
+        await slow(self, *args)
+
+    monkeypatch.setattr(Coordinator, "test_served", slower)
+    path = write(tmp_path, methods='["fedavg"]')
+    shrink(path, nodes=3, clusters=1, rounds=2)
+    path.write_text(path.read_text().replace("[data]\n", "[data]\nserver_test = 100\n"))
+    out = tmp_path / "run"
+    run_scenario(load_checked(path), out)
+    records = coordinator_records(out, "fedavg")
+    assert [r["event"] for r in records[-3:]] == ["round", "server", "final"]  # the finish's test, then the end
