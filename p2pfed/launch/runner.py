@@ -336,9 +336,11 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                 progress(method, done, scenario.rounds)
             await script.advance(front)
             if not mesh.running() and script.done:
-                if coordinator_task is not None:  # the nodes end once they have their final model; the
-                    # coordinator may still be writing its last records (a server-held test, the final record)
+                if coordinator is not None and coordinator_task is not None:  # the nodes end once they have
+                    # their final model; the coordinator may still be writing its last records (a server-held
+                    # test, the final record): it ends, or its crash is told, before the run does
                     await asyncio.wait({coordinator_task}, timeout=2 * scenario.train.round_timeout)
+                    await _coordinated_progress(mesh, coordinator, coordinator_task)
                 break
     finally:
         if coordinator_task is not None and not coordinator_task.done():

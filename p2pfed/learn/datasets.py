@@ -223,8 +223,8 @@ def load_text(name: str, files: dict[str, Path], seed: int, words_per_sample: in
         members = np.flatnonzero(words.groups == g)
         test[rng.choice(members, size=len(members) // 4, replace=False)] = True
     train_idx, test_idx = np.flatnonzero(~test), np.flatnonzero(test)
-    log.info("%s: %d words of %s, a vocabulary of %d", name, len(words.groups), ", ".join(words.group_names),
-             len(words.vocabulary))
+    log.info("%s: %d samples (words or word sequences) of %s, a vocabulary of %d", name, len(words.groups),
+             ", ".join(words.group_names), len(words.vocabulary))
     return Dataset(name, words.x[train_idx], words.y[train_idx], words.x[test_idx], words.y[test_idx],
                    len(words.vocabulary), NEXT_TOKEN, words.groups[train_idx], words.groups[test_idx],
                    words.vocabulary)

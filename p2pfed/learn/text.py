@@ -72,23 +72,30 @@ def words_of(text: str, max_len: int) -> list[str]:
 
 
 def is_word_list(text: str) -> bool:
-    """Whether a text is a word list (every non-empty line one word) rather than running text."""
-    return all(len(line.split()) <= 1 for line in text.splitlines())
+    """Whether a text is a word list (nearly every non-empty line one word: a stray line of two does not make
+    it prose) rather than running text."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return sum(len(line.split()) == 1 for line in lines) >= 0.9 * len(lines)
+
+
+SHUFFLE = 104_729  # the tag of a word list's shuffle in its seed, apart from the draws of load_words
 
 
 def sequences_of(text: str, words_per_sample: int, max_len: int, seed: int) -> list[str]:
-    """The text as samples of words_per_sample consecutive words joined by spaces, not overlapping (1: its
-    distinct words, as words_of); a word list's words are shuffled with seed first (see the module's
-    docstring). A word longer than max_len or holding a control character is left out of the sequence."""
+    """The text as samples of words_per_sample consecutive words joined by spaces, not overlapping, each distinct
+    sequence once (as a word is once with 1: words_of), so that no sample is both trained and tested on; a word
+    list's words are shuffled with seed first (see the module's docstring). A word longer than max_len or holding
+    a control character is left out (its neighbours then follow each other)."""
     if words_per_sample <= 1:
         return words_of(text, max_len)
     if is_word_list(text):
         distinct = words_of(text, max_len)
-        words = [distinct[i] for i in np.random.default_rng([seed, 7]).permutation(len(distinct))]
+        words = [distinct[i] for i in np.random.default_rng([seed, SHUFFLE]).permutation(len(distinct))]
     else:
         words = [w for w in text.lower().split() if len(w) <= max_len and w.isprintable()]
-    return [" ".join(words[i:i + words_per_sample])
-            for i in range(0, len(words) - words_per_sample + 1, words_per_sample)]
+    sequences = (" ".join(words[i:i + words_per_sample])
+                 for i in range(0, len(words) - words_per_sample + 1, words_per_sample))
+    return list(dict.fromkeys(sequences))
 
 
 def sample_length(words_per_sample: int, max_len: int) -> int:

@@ -148,20 +148,27 @@ def distance_penalty(anchor: dict[str, torch.Tensor], coef: float, device: torch
 
 def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                      inner_lr: float, outer_lr: float, seed: int, device: torch.device,
-                     task: LearningTask = CLASSIFICATION, independent: bool = False) -> float:
+                     task: LearningTask = CLASSIFICATION, independent: bool = False, steps: int = 0,
+                     momentum: float = 0.0) -> float:
     """First-order MAML local update (paper 000, Algorithm 2, Eq. 15–16): for each mini-batch D,
     ŵ = w − η∇l(w; D), then w ← w − ε∇l(ŵ; D'), where D' is D, or with independent the next mini-batch of
     the epoch (Per-FedAvg's independent batches; the first one after the last; with one batch, D itself).
-    Return the last epoch's mean loss at ŵ."""
+    With steps > 0, exactly that many such steps (paper 000's τ) through as many shuffled epochs as they take,
+    as train_epochs counts them. With momentum μ, the outer step is SGD's with momentum (v ← μ·v + ∇l(ŵ; D'),
+    w ← w − ε·v; paper 000 trains "all algorithms" with momentum 0.9, and the inner step η, the adaptation a
+    personalisation repeats, stays a plain gradient step). Return the last epoch's mean loss at ŵ."""
     if len(y) == 0 or epochs <= 0:
         return float("nan")
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
+    velocity = [torch.zeros_like(p) for p in params] if momentum else []
     x, y = x.to(device), y.to(device)
-    last = 0.0
+    if steps > 0:
+        epochs = -(-steps // -(-len(y) // batch_size))  # the epochs τ steps reach into
+    last, done = 0.0, 0
     for batches in _epochs(len(y), epochs, batch_size, seed, device):
-        total = 0.0
-        for i, idx in enumerate(batches):
+        total, seen = 0.0, 0
+        for i, idx in enumerate(batches[: steps - done] if steps > 0 else batches):
             before = [p.detach().clone() for p in params]
             grads = torch.autograd.grad(task.loss(model(x[idx]), y[idx]), params)
             with torch.no_grad():
@@ -171,10 +178,15 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
             loss = task.loss(model(x[outer]), y[outer])
             grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
-                for p, w, g in zip(params, before, grads, strict=True):
+                for j, (p, w, g) in enumerate(zip(params, before, grads, strict=True)):
+                    if momentum:
+                        velocity[j].mul_(momentum).add_(g)
+                        g = velocity[j]
                     p.copy_(w - outer_lr * g)  # Eq. 16: the step is taken from w with ŵ's gradient
             total += float(loss.detach()) * len(outer)
-        last = total / len(y)
+            seen += len(outer)
+            done += 1
+        last = total / seen if seen else last
     return last
 
 

@@ -324,6 +324,12 @@ class ClientMethod:
         choice = await self.node.pick(task.candidates) if len(task.candidates) > 1 else 0
         return await self.node.evaluate_state(task.candidates[choice] if task.candidates else None), choice
 
+    def given_back(self, task: Task, choice: int, before: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """The models a train task's update is trained from, untouched and in the update's order (what a scripted
+        free-rider sends instead): the candidate chosen, then the models every node shares (a global part, an
+        ensemble's members); with no model in the task, the model the node held before (before)."""
+        return [*task.candidates[choice:choice + 1], *task.models[:task.shared]] or [before]
+
     # -- crash safety -----------------------------------------------------------------------------
     def state(self) -> dict[str, torch.Tensor]:
         """What the node side keeps across rounds besides the node's model (SCAFFOLD's own control variate),

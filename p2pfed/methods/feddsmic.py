@@ -6,7 +6,8 @@ as good starting points (first-order MAML), personalised by one gradient step.
   center's softmax outputs on them are closest in KL divergence to the node model's (Eq. 6–7).
 - A participant starts from its center and runs first-order MAML steps (Algorithm 2, Eq. 15–16):
   per mini-batch, ŵ = w − η∇l(w) (η = ``inner_lr``), then w ← w − ε∇l(ŵ) (ε = the
-  scenario's lr).
+  scenario's lr), for the scenario's local work (its epochs, or τ steps: ``train.steps``) and with its
+  momentum on the outer step (paper 000: τ = 20, momentum 0.9 "for all algorithms").
 - A center is the sample-weighted mean of its members' new models (Eq. 17).
 - A node's personalised model is one gradient step (lr η) from its center on a batch of its own data.
 
@@ -78,7 +79,8 @@ class FedDSMICClient(ClientMethod):
         cfg = self.node.cfg
         loss = await self.node.run_on_train(lambda x, y: maml_first_order(
             model, x, y, epochs=cfg.epochs, batch_size=cfg.batch_size, inner_lr=self.options.inner_lr, outer_lr=cfg.lr,
-            seed=self.node.round_seed, device=self.node.device, task=self.node.task))
+            seed=self.node.round_seed, device=self.node.device, task=self.node.task, steps=cfg.steps,
+            momentum=cfg.momentum))
         return Update(state_of(model), 0, {"choice": 0, "train_loss": loss}), 0
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:

@@ -57,6 +57,9 @@ class FedFomoClient(ClientMethod):
         loss = await self.node.fit(own)
         return Update(state_of(own), 0, {"choice": 0, "train_loss": loss}, aux={"weights": weights}), 0
 
+    def given_back(self, task: Task, choice: int, before: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        return [before]  # its update is its own model; the task's models are its peers'
+
 
 @dataclass(frozen=True)
 class FedFomoOptions(MethodOptions):

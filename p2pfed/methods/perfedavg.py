@@ -11,9 +11,9 @@ that one gradient step on a node's own data makes it good for that node (MAML's 
   of its own training data (Per-FedAvg's evaluation: one step).
 
 Options, ``[methods.perfedavg]``: ``inner_lr`` (α, default 0.01: paper 000 trains every method with lr 0.01
-and gives Per-FedAvg no other) and ``personal_steps`` (default 1). Where the papers are silent, as with
-FedDSMIC here: local work is the scenario's epochs of mini-batches rather than a fixed τ of steps, so every
-method does the same local work.
+and gives Per-FedAvg no other) and ``personal_steps`` (default 1). Local work is the scenario's, as every
+method's: its epochs, or τ steps (``train.steps``; paper 000's τ = 20), with the scenario's momentum on the
+outer step (paper 000's 0.9 "for all algorithms").
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class PerFedAvgClient(ClientMethod):
         loss = await self.node.run_on_train(lambda x, y: maml_first_order(
             model, x, y, epochs=cfg.epochs, batch_size=cfg.batch_size, inner_lr=self.options.inner_lr,
             outer_lr=cfg.lr, seed=self.node.round_seed, device=self.node.device, task=self.node.task,
-            independent=True))
+            independent=True, steps=cfg.steps, momentum=cfg.momentum))
         return Update(state_of(model), 0, {"choice": 0, "train_loss": loss}), 0
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:

@@ -5,7 +5,11 @@ validation data gives a peer whose model raises its validation loss a negative s
 - ``label-flip``: trains on flipped labels (y → C − 1 − y): data poisoning with well-formed models;
 - ``noise-model``: every model it sends (round models, a method's own kinds, what it keeps for peers) is
   Gaussian noise with each tensor's own scale: model poisoning;
-- ``free-rider``: trains nothing and sends the model it was given back: it takes without contributing.
+- ``free-rider``: trains nothing and sends back the models it was given, untouched (each method's node side
+  says which those are, ``ClientMethod.given_back``: a coordinated task's chosen model and shared ones, or the
+  node's own model where a method trains that): it takes without contributing. What it sends besides models
+  (a method's statistics: control variates, anchors, prototypes) is left as the method computed it: the
+  free-rider lies about its work, not about its data.
 
 An adversary is an ordinary member in every other respect (it follows the protocol); its own accuracy is
 not counted with the honest nodes'.

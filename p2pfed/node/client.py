@@ -215,7 +215,7 @@ class CentralNode(LocalNode):
             if kind == "train":
                 before = state_of(self.model) if self.adversary == "free-rider" else None
                 update, choice = await client.train(task)
-                update = self._as_adversary(update, task, choice, before)
+                update = self._as_adversary(update, task, choice, before, client)
                 self.record("train", train_loss=finite(update.meta["train_loss"]), choice=choice)
                 self.checkpoint()
                 body = {"kind": "update", "samples": self.data.samples,
@@ -234,15 +234,12 @@ class CentralNode(LocalNode):
             answer = [values[name] for name in task.names]
             return self.endpoint.message("note", {"kind": "answer", "names": task.names, "values": answer, "meta": {}})
 
-    def _as_adversary(self, update: Update, task: Task, choice: int, before: dict[str, torch.Tensor] | None
-                      ) -> Update:
+    def _as_adversary(self, update: Update, task: Task, choice: int, before: dict[str, torch.Tensor] | None,
+                      client: ClientMethod) -> Update:
         """What a scripted adversary sends instead of its honest update: what it was given, back untrained
         (free-rider), or noise (noise-model). Label flipping needs nothing here: it trained on flipped labels."""
         if self.adversary == "free-rider" and update.state is not None and before is not None:
-            # An update is the candidate trained, then the models every node shares (CAM's global model, an
-            # ensemble's members, all shared and no candidate); a task with no model trains the one the node
-            # holds (FedFM's global model, kept from the anchor exchange). Each goes back as it came.
-            given = [*task.candidates[choice:choice + 1], *task.models[:task.shared]] or [before]
+            given = client.given_back(task, choice, before)  # each model back as it came
             self.model.load_state_dict(before)  # and it keeps nothing of the training it pretends to have done
             return Update(given[0], update.samples, update.meta, given[1:], update.aux)
         if self.adversary == "noise-model" and update.state is not None:

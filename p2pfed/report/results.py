@@ -8,8 +8,8 @@ summary.json is a contract for users' scripts::
 accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next
 character), each node counting once (the per-node mean paper 002 reports); micro_accuracy weighs each node
 by its test samples, i.e. the share of all honest nodes' test samples predicted right (the sample-weighted
-figure papers 000, 001 and 003 report; for next-token prediction a sample is a word, so it weighs nodes by
-their test words); bottom5_accuracy the mean over the worst 5% of nodes (at least one);
+figure papers 000, 001 and 003 report; for next-token prediction a sample is a word or a word sequence, so it
+weighs nodes by their test words or sequences); bottom5_accuracy the mean over the worst 5% of nodes (at least one);
 worst5_accuracy the mean of the 5 worst nodes (paper 000's "bottom accuracy"); best5_rounds_micro_accuracy the
 mean of the 5 best evaluation rounds' micro accuracy (paper 000 reports it, as accuracy swings from round to
 round); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
@@ -68,8 +68,8 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     found: dict[str, int] = {}
     if choices:  # a method whose nodes choose their peers: its clusters are the mutual choices
         found = mutual_clusters(choices)
-    elif coordinator and coordinator[-1].get("assignment"):
-        found = {n: int(g) for n, g in coordinator[-1]["assignment"].items()}  # the coordinator's last grouping
+    elif grouped := [r for r in coordinator if "assignment" in r]:  # the coordinator's last grouping
+        found = {n: int(g) for n, g in grouped[-1]["assignment"].items()}
     if found and any(c >= 0 for c in true.values()):
         members = sorted(n for n in found if n in true)
         ari = float(adjusted_rand_score([true[n] for n in members], [found[n] for n in members]))
@@ -142,8 +142,12 @@ def _best_rounds(records: list[dict[str, Any]], honest: set[str], test_sizes: di
 
 def _best_served(coordinator: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The coordinator's server-test record (paper 004's protocol) whose nodes' mean validation accuracy is the
-    highest, the earliest among equals; None without such records, or when no node validated."""
+    highest, the earliest among equals, among the evaluations the most nodes validated (a mean over a few
+    nodes that answered is not comparable with one over all); None without such records, or when no node
+    validated."""
     served = [r for r in coordinator if r["event"] == "server" and isinstance(r.get("val_accuracy"), float)]
+    most = max((int(r.get("validated", 0)) for r in served), default=0)
+    served = [r for r in served if int(r.get("validated", 0)) == most]
     return max(served, key=lambda r: r["val_accuracy"]) if served else None  # max keeps the first of equals
 
 

@@ -222,6 +222,9 @@ class Scenario:
              "data.max_train and data.max_val must be >= 0 (0: no cap)"),
             (0 <= self.data.server_per_class <= 10_000, "data.server_per_class must be in [0, 10000]"),
             (0 <= self.data.server_test <= 10_000_000, "data.server_test must be in [0, 10000000]"),
+            (not self.data.server_test or self.data.val_fraction > 0,
+             "data.server_test picks the served model by the nodes' validation accuracy: data.val_fraction must be "
+             "> 0"),
             (1 <= self.data.words_per_sample <= 16, "data.words_per_sample must be in [1, 16]"),
             (self.data.words_per_sample == 1 or is_text(self.data.dataset) or bool(self.data.vocabulary),
              "data.words_per_sample is for text (scandinavian, words:DIR, or own words with data.vocabulary)"),

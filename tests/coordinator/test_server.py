@@ -266,6 +266,8 @@ def test_a_served_model_is_tested_on_the_servers_set_and_reported_at_its_best_va
     summary = json.loads((out / "summary.json").read_text())["methods"]["fedavg"]
     assert summary["server_test_accuracy"] == best["accuracy"] and summary["server_best_round"] == best["round"]
     assert "server test %" in (out / "results.md").read_text()
+    with pytest.raises(ConfigError, match=r"data.server_test picks the served model .* data.val_fraction must be"):
+        load_checked(path, ["data.val_fraction=0"])
 
 
 async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left_out(

@@ -57,6 +57,9 @@ def test_running_text_becomes_sequences_of_consecutive_words_in_its_order() -> N
     assert sequences_of(text, 2, 6, seed=0) == ["the cat", "sat on", "the mat", "and then", "it ran"]
     assert sequences_of(text, 4, 6, seed=0) == ["the cat sat on", "the mat and then"]  # the short tail left out
     assert sequences_of(text, 1, 6, seed=0) == words_of(text, 6)  # one word a sample: the distinct words
+    # a sequence that comes again is one sample (it could otherwise be trained on and tested on)
+    assert sequences_of("to be or not to be or not", 2, 6, seed=0) == ["to be", "or not"]
+    assert not is_word_list("a line of prose\nand another\nword") and is_word_list("\n".join(["one two"] + ["w"] * 9))
 
 
 def test_a_word_lists_words_are_drawn_into_sequences_at_random_not_as_alphabetical_neighbours() -> None:

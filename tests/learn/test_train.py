@@ -135,6 +135,24 @@ def test_first_order_maml_without_an_inner_step_is_sgd_over_the_same_mini_batche
     assert maml_loss == pytest.approx(sgd_loss, rel=1e-6)
 
 
+@pytest.mark.parametrize(("steps", "momentum"), [(5, 0.0), (5, 0.9), (0, 0.9), (9, 0.5)])
+def test_first_order_maml_counts_local_steps_and_takes_momentum_as_sgd_does(steps: int, momentum: float) -> None:
+    """Paper 000's τ steps and momentum 0.9 "for all algorithms": without an inner step, MAML's outer steps are
+    the SGD steps train_epochs takes with the same steps (into a second epoch: 4 batches of 8 an epoch) and
+    momentum."""
+    x, y = data(30)
+    sgd, maml = linear(), linear()
+    sgd_loss = train_epochs(sgd, x, y, epochs=2, batch_size=8, lr=0.1, seed=4, device=CPU, steps=steps,
+                            momentum=momentum)
+    maml_loss = maml_first_order(maml, x, y, epochs=2, batch_size=8, inner_lr=0.0, outer_lr=0.1, seed=4, device=CPU,
+                                 steps=steps, momentum=momentum)
+    assert all(torch.allclose(state_of(sgd)[k], state_of(maml)[k], atol=1e-6) for k in state_of(sgd))
+    assert maml_loss == pytest.approx(sgd_loss, rel=1e-6)
+    plain = linear()
+    maml_first_order(plain, x, y, epochs=2, batch_size=8, inner_lr=0.0, outer_lr=0.1, seed=4, device=CPU, steps=steps)
+    assert momentum == 0 or not torch.allclose(state_of(plain)["weight"], state_of(maml)["weight"])
+
+
 def test_meta_updates_leave_frozen_parameters_and_do_nothing_without_data_or_epochs() -> None:
     x, y = data(12)
     model = linear()

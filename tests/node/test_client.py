@@ -137,3 +137,15 @@ async def test_a_free_rider_given_no_model_sends_back_the_one_it_held_untrained(
     [back] = unpack(reply.tensors, node.reference)
     assert all(torch.equal(back[k], held[k]) for k in held)
     assert all(torch.equal(node.model.state_dict()[k], held[k]) for k in held)  # nor did it keep any training
+
+
+async def test_a_free_rider_of_a_method_that_trains_its_own_model_sends_that_back_not_its_peers(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    node = central_node(tmp_path, members, "free-rider")
+    held = shifted(node.reference, 0.02)
+    node.model.load_state_dict(held)
+    peers = [shifted(node.reference, 0.5), shifted(node.reference, -0.5)]  # FedFomo's downloads: peers' models
+    reply = await node._on_task(train_task("fedfomo", peers, 0))
+    assert reply is not None
+    [back] = unpack(reply.tensors, node.reference)
+    assert all(torch.equal(back[k], held[k]) for k in held)
