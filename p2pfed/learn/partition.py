@@ -218,8 +218,21 @@ def cluster_label_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: 
     props = np.zeros((num_classes, n_clients))
     for c, labels in enumerate(np.array_split(np.arange(num_classes), n_clusters)):
         members = [i for i, k in enumerate(true_cluster) if k == c]
-        size = len(labels) if draw == "per-label" else 1  # per cluster: one row, the same for every label
-        props[np.ix_(labels, np.array(members))] = rng.dirichlet([alpha] * len(members), size=size)
+        if draw == "per-label":
+            props[np.ix_(labels, np.array(members))] = rng.dirichlet([alpha] * len(members), size=len(labels))
+            continue
+        # per cluster: one row, the same for every label. A small share leaves a client without data (the
+        # paper does not say what it did then); as NIID-Bench's Dirichlet partition (Li et al., 2022) does,
+        # p_c is drawn again until every client gets MIN_SAMPLES samples of both splits.
+        fewest = min(int(np.isin(y_train, labels).sum()), int(np.isin(y_test, labels).sum()))
+        for _ in range(1000):
+            row = rng.dirichlet([alpha] * len(members))
+            if row.min() * fewest >= MIN_SAMPLES + len(labels):  # each label's cut may round one sample off
+                break
+        else:
+            raise ValueError(f"cluster {c}: 1000 draws of Dir({alpha}) over its {len(members)} clients each left one "
+                             f"with fewer than {MIN_SAMPLES} of its {fewest} samples; raise alpha or use fewer clients")
+        props[np.ix_(labels, np.array(members))] = row
     train_parts, test_parts, client_labels = _spread(y_train, y_test, props, rng)
     return _finish(train_parts, test_parts, client_labels, true_cluster, val_fraction, rng)
 
@@ -245,6 +258,7 @@ def feature(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, transforms:
 
 
 DRAWS = ("per-label", "per-cluster")
+MIN_SAMPLES = 10  # a per-cluster draw gives every client at least this many training and test samples
 
 
 def nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, classes: int, seed: int,

@@ -86,6 +86,19 @@ def test_cluster_label_dirichlet_per_cluster_gives_a_clusters_nodes_one_mix_in_d
     assert max(abs(m - 0.5) for m in skewed) > 0.2  # one draw per label: the mixes differ
 
 
+def test_a_per_cluster_draw_leaves_no_node_without_training_or_test_samples() -> None:
+    # Dir(0.5) over 7 nodes of a cluster: some draws give a node a share too small for one test sample (the
+    # shipped feddsmic-fmnist left two nodes without data); the draw is made again until each has 10 of both
+    y_train, y_test = np.repeat(np.arange(9), 600), np.repeat(np.arange(9), 100)
+    for seed in range(20):
+        p = make_partition("cluster-label-dirichlet", y_train, y_test, 21, seed=seed, clusters=3, alpha=0.5,
+                           draw="per-cluster")
+        assert min(len(s.train) + len(s.val) for s in p.shards) >= 10 and min(len(s.test) for s in p.shards) >= 10
+    with pytest.raises(ValueError, match=r"1000 draws of Dir\(0.05\) over its 20 clients each left one with fewer"):
+        make_partition("cluster-label-dirichlet", y_train, y_test, 20, seed=0, clusters=1, alpha=0.05,
+                       draw="per-cluster")
+
+
 def test_nclass_gives_each_node_n_random_labels_and_no_clusters() -> None:
     p = make_partition("nclass", Y_TRAIN, Y_TEST, 30, seed=2, classes=2)
     assert p.true_cluster == [-1] * 30 and not p.has_clusters

@@ -83,7 +83,7 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
      "(got 10, 0.0, 5)"),
     (["methods.fedprox.mu=-0.1"], "methods.fedprox.mu must be >= 0 (got -0.1)"),
     (["methods.fedavg.mu=0.1"], "[methods.fedavg]: fedavg has no options"),
-    (["methods.fesem.kk=2"], "methods.fesem.kk is not a known key (known: k, penalty)"),
+    (["methods.fesem.kk=2"], "methods.fesem.kk is not a known key (known: k, participation, penalty)"),
     # the former shared tables: each key says where it went, to every method that has it now
     (["central.prox_mu=0.1"], "central.prox_mu is now methods.fedprox.mu ([methods.fedprox] mu = ...)"),
     (["central.fomo_epsilon=0.1"], "central.fomo_epsilon is now methods.fedfomo.epsilon"),
