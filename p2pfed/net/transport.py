@@ -274,15 +274,22 @@ class Transport:
     async def _watch_handshakes(self, address: str, monitor: zmq.asyncio.Socket) -> None:
         while True:
             event = await recv_monitor_message(monitor)
-            kind, value = int(event["event"]), int(event["value"])
-            if kind == zmq.EVENT_CONNECT_RETRIED:
+            self._note_handshake(address, int(event["event"]), int(event["value"]))
+
+    def _note_handshake(self, address: str, kind: int, value: int) -> None:
+        """Keep what a watched connection's last monitor event says of why address does not answer."""
+        if kind == zmq.EVENT_CONNECT_RETRIED:
+            # libzmq retries after a failed handshake too: the other side then did answer, and refused; a retry
+            # says nothing answers only when no handshake has failed (under load the retry's event came before
+            # the join read the reason, and a refused join waited out its whole timeout)
+            if address not in self.handshakes:
                 self.handshakes[address] = ("nothing answers there (connection refused)", False)
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                mismatch = value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                self.handshakes[address] = (_MISMATCH if mismatch else
-                                            f"the handshake failed (ZMTP protocol error {value:#x})", mismatch)
-            else:  # the two other events watched
-                self.handshakes[address] = (_HANDSHAKE[kind], kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            mismatch = value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+            self.handshakes[address] = (_MISMATCH if mismatch else
+                                        f"the handshake failed (ZMTP protocol error {value:#x})", mismatch)
+        else:  # the two other events watched
+            self.handshakes[address] = (_HANDSHAKE[kind], kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
     def send_nowait(self, address: str, msg: Message, server_key: bytes | None = None) -> bool:
         """Send a small message that needs no reply (heartbeat, gossip); return False if it could not go now."""

@@ -456,6 +456,21 @@ async def test_a_watched_connection_says_why_its_requests_go_unanswered(transpor
     assert sender.handshakes[address] == ("nothing answers there (connection refused)", False)
 
 
+async def test_the_retry_after_a_refused_handshake_keeps_the_refusals_reason(transports: Make) -> None:
+    """libzmq reconnects after a failed handshake and says so (connect retried): under load that event came in
+    before a join read the reason, which then said "connection refused" and the refused join waited out its
+    whole timeout (a test of the join flaked so)."""
+    sender = transports("a")
+    refused, silent = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"
+    sender._note_handshake(refused, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+    sender._note_handshake(refused, zmq.EVENT_CONNECT_RETRIED, 100)
+    assert sender.handshakes[refused] == (_MISMATCH, True)
+    sender._note_handshake(silent, zmq.EVENT_CONNECT_RETRIED, 100)
+    assert sender.handshakes[silent] == ("nothing answers there (connection refused)", False)
+    sender._note_handshake(silent, zmq.EVENT_HANDSHAKE_FAILED_AUTH, 0)  # it came up, and refused
+    assert sender.handshakes[silent] == ("it refused this member's key (not in its allow-list)", True)
+
+
 @pytest.mark.parametrize("case", ["key not allowed", "no keys on the caller"])
 async def test_a_handshake_the_receiver_refuses_is_a_refusal_with_its_reason(
         transports: Make, tmp_path: Path, case: str) -> None:
