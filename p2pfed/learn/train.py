@@ -46,6 +46,11 @@ def _epochs(n: int, epochs: int, batch_size: int, seed: int, device: torch.devic
         yield [perm[start:start + batch_size] for start in range(0, n, batch_size)]
 
 
+def epochs_for(steps: int, n: int, batch_size: int) -> int:
+    """The shuffled epochs that steps mini-batch steps over n samples reach into (local steps τ)."""
+    return -(-steps // -(-n // batch_size))
+
+
 def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                  lr: float, seed: int, device: torch.device, momentum: float = 0.0,
                  weight_decay: float = 0.0, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
@@ -65,7 +70,7 @@ def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: 
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     x, y = x.to(device), y.to(device)
     if steps > 0:
-        epochs = -(-steps // -(-len(y) // batch_size))  # the epochs τ steps reach into
+        epochs = epochs_for(steps, len(y), batch_size)
     last, done = 0.0, 0
     for batches in _epochs(len(y), epochs, batch_size, seed, device):
         total, seen = 0.0, 0
@@ -164,7 +169,7 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
     velocity = [torch.zeros_like(p) for p in params] if momentum else []
     x, y = x.to(device), y.to(device)
     if steps > 0:
-        epochs = -(-steps // -(-len(y) // batch_size))  # the epochs τ steps reach into
+        epochs = epochs_for(steps, len(y), batch_size)
     last, done = 0.0, 0
     for batches in _epochs(len(y), epochs, batch_size, seed, device):
         total, seen = 0.0, 0
