@@ -193,7 +193,9 @@ class Coordinator:
         """Every live node (or those in only) evaluates (eval) or takes (finish) its personalised model;
         return the nodes that answered."""
         nodes = [n for n in self.live_nodes() if only is None or n in only]
-        served = self.method.served_model() if self.server_test is not None and only is None else None
+        # the finish after an evaluation round would test the same served model again: its record is there
+        again = kind == "finish" and self.scenario.rounds % self.cfg.eval_every == 0
+        served = self.method.served_model() if self.server_test is not None and only is None and not again else None
         tasks = {}
         for n in nodes:
             task = self.method.eval_task(n)
