@@ -9,14 +9,18 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
 from p2pfed.config import ConfigError, NodeConfig, load_node_config
+
+if TYPE_CHECKING:
+    from p2pfed.learn.export import ExportedModel
 
 
 def _setup_logging(verbose: int) -> None:
@@ -324,6 +328,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from p2pfed.learn.export import ExportedModel, read_inputs
 
     model = ExportedModel.load(args.model)
+    if model.card.task == "next-token":
+        return _predict_text(model, args)
+    if args.input is None or args.text:
+        raise ConfigError(f"{args.model} classifies inputs of shape {model.card.input_shape}: give a file of them "
+                          "(--text is for next-token models)")
     x, y, names = read_inputs(Path(args.input), model.card)
     probabilities = model.probabilities(x)
     best, labels = probabilities.max(dim=1)
@@ -341,6 +350,37 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if y is not None:
         accuracy = float((labels == y).float().mean()) if len(y) else 0.0
         print(f"accuracy {accuracy:.2%} on {len(y)} labelled inputs", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _predict_text(model: ExportedModel, args: argparse.Namespace) -> int:
+    """A next-token model on texts (--text, or a file of one a line): each text's loss per character and
+    next-character accuracy, and what the model writes after it."""
+    from p2pfed.learn.text import read_text
+
+    if bool(args.input) == bool(args.text):
+        raise ConfigError(f"{args.model} predicts text: give a text file (one word or sequence a line) or --text, "
+                          "one of them")
+    texts = args.text or [line.strip() for line in read_text(Path(args.input)).splitlines() if line.strip()]
+    if not texts:
+        raise ConfigError(f"{args.input}: no text in it")
+    try:
+        scores = model.score(texts)
+    except ValueError as exc:
+        raise ConfigError(f"{args.input or '--text'}: {exc}") from None
+    rows = [{"text": t, "loss/char": round(loss, 4), "accuracy": round(acc, 4), "continues as": model.complete(t)}
+            for t, (loss, acc, _) in zip(texts, scores, strict=True)]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(tabulate(rows[: args.show] if args.show else rows, headers="keys"))
+        if args.show and len(rows) > args.show:
+            print(f"... {len(rows) - args.show} more (--show 0 prints all, --json prints JSON)")
+    characters = sum(n for *_, n in scores)
+    loss = sum(x * n for x, _, n in scores) / characters
+    accuracy = sum(a * n for _, a, n in scores) / characters
+    print(f"loss {loss:.4f} nats/char (perplexity {math.exp(loss):.2f}), accuracy {accuracy:.2%} on {characters} "
+          f"characters of {len(texts)} texts", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -396,9 +436,11 @@ def _add_model_commands(sub: Any) -> None:
     p.add_argument("--node", help="which node's, when the folder holds several")
     p.set_defaults(func=cmd_export, verbose=0)
 
-    p = sub.add_parser("predict", help="classify inputs with an exported model")
+    p = sub.add_parser("predict", help="classify inputs, or score and continue text, with an exported model")
     p.add_argument("model", help="a model file from p2pfed export")
-    p.add_argument("input", help="an .npz of x (and y to score), an .npy, an image or a folder of images")
+    p.add_argument("input", nargs="?", help="an .npz of x (and y to score), an .npy, an image or a folder of "
+                                            "images; for a next-token model, a text file (one text a line)")
+    p.add_argument("--text", action="append", help="a text for a next-token model (repeatable), instead of a file")
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.add_argument("--show", type=int, default=20, help="rows of the table to print (0: all)")
     p.set_defaults(func=cmd_predict, verbose=0)

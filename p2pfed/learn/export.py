@@ -9,6 +9,9 @@ recipe's fingerprint. ``ExportedModel`` rebuilds the model from the card and pre
     from p2pfed.learn.export import ExportedModel
     model = ExportedModel.load("n01-model.safetensors")
     labels = model.predict(x)          # x: raw inputs of the card's input shape, (N, C, H, W)
+
+A next-token model (``char-gru``) takes text instead: ``model.score(texts)`` gives each text's loss per
+character and next-character accuracy, ``model.complete(text)`` what the model writes after it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import torch
 from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import MODELS, build_model
+from p2pfed.learn.tasks import NEXT_TOKEN, PAD
+from p2pfed.learn.text import BOS, EOS, decode, encode_words
 
 CARD = "p2pfed.card"  # metadata key of the card, in node checkpoints and exported models
 
@@ -161,6 +166,57 @@ class ExportedModel:
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """The most probable class of each input."""
         return self.probabilities(x).argmax(dim=1)
+
+    # -- next-token models: text in ------------------------------------------------------------------
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Texts as the model's samples (text.encode_words: x starts with the start token, y ends with the end
+        token), lowercased as the node's text was; ValueError naming a text the model cannot take."""
+        if self.card.task != NEXT_TOKEN.name:
+            raise ValueError(f"this model is for {self.card.task}, not text: give it inputs of shape "
+                             f"{self.card.input_shape}")
+        letters = set(self.card.vocabulary) - {BOS, EOS}
+        longest = self.card.input_shape[0] - 1  # x is the start token and the text, padded to the input width
+        texts = [t.lower() for t in texts]
+        for i, text in enumerate(texts, 1):
+            unknown = "".join(sorted(set(text) - letters))
+            if unknown:
+                spaces = " (a space: this model was trained on one word a sample)" if " " in unknown else ""
+                raise ValueError(f"text {i} ({text[:40]!r}): {unknown[:20]!r} not in this model's letters "
+                                 f"{''.join(sorted(letters))[:80]!r}{spaces}")
+            if len(text) > longest:
+                raise ValueError(f"text {i} ({text[:40]!r}) has {len(text)} characters; this model takes at most "
+                                 f"{longest}")
+        return encode_words(texts, self.card.vocabulary, longest)
+
+    @torch.no_grad()
+    def score(self, texts: list[str]) -> list[tuple[float, float, int]]:
+        """For each text: the mean cross-entropy per predicted character (nats; the end token counts, as in
+        training), the share of its characters the model predicted from the ones before, and how many."""
+        x, y = self.encode(texts)
+        out = self.module(x)
+        scored = y != PAD
+        losses = NEXT_TOKEN.loss(out, y, reduction="none").reshape(y.shape)  # 0 at the padding
+        hits = (out.argmax(-1) == y) & scored
+        counts = scored.sum(1)
+        return [(float(losses[i].sum() / counts[i]), float(hits[i].sum() / counts[i]), int(counts[i]))
+                for i in range(len(texts))]
+
+    @torch.no_grad()
+    def complete(self, text: str) -> str:
+        """What the model writes after text: the most probable next character, one at a time, until it ends the
+        word (or sequence) or the input width is full. The model is causal, so the padding after the
+        characters so far changes nothing."""
+        x, _ = self.encode([text])
+        end = self.card.vocabulary.index(EOS)
+        tokens = x[0].tolist()[: len(text) + 1]
+        width = self.card.input_shape[0]
+        while len(tokens) < width:
+            padded = torch.tensor([tokens + [end] * (width - len(tokens))])
+            best = int(self.module(padded)[0, len(tokens) - 1].argmax())
+            if best == end:
+                break
+            tokens.append(best)
+        return decode(torch.tensor(tokens[len(text) + 1:]), self.card.vocabulary)
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")

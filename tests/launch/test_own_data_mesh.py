@@ -154,3 +154,8 @@ def test_two_machines_train_next_token_prediction_on_their_own_words(tmp_path: P
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "b's personalised char-gru (fedavg-p2p, after round 2) for inputs (17,), 31 tokens" \
         in res.stdout, res.stderr
+    res = subprocess.run([sys.executable, "-m", "p2pfed", "predict", str(tmp_path / "b-model.safetensors"),
+                          str(tmp_path / "b.txt"), "--show", "3"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "continues as" in res.stdout, res.stderr
+    loss = float(res.stdout.split("loss ")[-1].split()[0])  # b's own words, as its final evaluation scored its share
+    assert 0 < loss < 3.4 and "of 125 texts" in res.stdout

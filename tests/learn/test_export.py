@@ -156,3 +156,78 @@ def test_a_forged_card_is_refused_before_anything_is_built(tmp_path: Path) -> No
         from p2pfed.learn.export import read_inputs
 
         read_inputs(tmp_path / "few.npz", model.card)
+
+
+@pytest.fixture
+def text_model(tmp_path: Path) -> tuple[Path, torch.nn.Module, str]:
+    """A char-gru trained (as a node trains it) on made-up words that all end in "en", exported with its card;
+    its vocabulary also holds the letters of the ending "ar", which it never saw end a word."""
+    from p2pfed.learn.checkpoint import save_atomic
+    from p2pfed.learn.export import ModelCard
+    from p2pfed.learn.tasks import NEXT_TOKEN
+    from p2pfed.learn.text import encode_words, vocabulary_of
+    from p2pfed.learn.train import train_epochs
+
+    words = [f"{a}{b}{c}en" for a in "bdfgk" for b in "aeiou" for c in "lmnrs"]
+    vocabulary = vocabulary_of("".join(words) + "ar")
+    x, y = encode_words(words, vocabulary, 8)
+    module = build_model("char-gru", (9,), len(vocabulary))
+    train_epochs(module, x, y, epochs=30, batch_size=16, lr=0.5, seed=0, device=torch.device("cpu"), task=NEXT_TOKEN)
+    card = ModelCard("char-gru", (9,), len(vocabulary), "next-token", vocabulary=vocabulary)
+    path = tmp_path / "words-model.safetensors"
+    save_atomic(dict(module.state_dict()), path, metadata={CARD: card.to_json()})
+    return path, module.eval(), vocabulary
+
+
+def test_a_next_token_model_scores_and_continues_text(text_model: tuple[Path, torch.nn.Module, str]) -> None:
+    from p2pfed.learn.tasks import NEXT_TOKEN
+    from p2pfed.learn.text import encode_words
+    from p2pfed.learn.train import evaluate
+
+    path, module, vocabulary = text_model
+    model = ExportedModel.load(path)
+    assert model.complete("bal") == "en" and model.complete("Kus") == "en"  # lowercased, as the node's text
+    assert model.complete("balen") == ""  # a word it would end there
+    (seen, seen_acc, n), (other, other_acc, _) = model.score(["balen", "balar"])
+    assert n == 6 and seen < other and seen_acc > other_acc  # five letters and the end
+    # the loss per character is the node's own evaluation's: the same encoding, the end token counted
+    texts = ["balen", "kumar", "d"]
+    scores = model.score(texts)
+    x, y = encode_words(texts, vocabulary, 8)
+    expected = evaluate(module, x, y, torch.device("cpu"), task=NEXT_TOKEN)
+    characters = sum(c for *_, c in scores)
+    assert characters == 6 + 6 + 2
+    assert sum(s * c for s, _, c in scores) / characters == pytest.approx(expected.loss, rel=1e-5)
+    assert sum(a * c for _, a, c in scores) / characters == pytest.approx(expected.accuracy, rel=1e-5)
+    with pytest.raises(ValueError, match=r"'xé' not in this model's letters"):
+        model.score(["béx"])
+    with pytest.raises(ValueError, match="a space: this model was trained on one word a sample"):
+        model.score(["bal en"])
+    with pytest.raises(ValueError, match=r"text 2 \('balenbalen'\) has 10 characters; this model takes at most 8"):
+        model.score(["balen", "balenbalen"])
+    with pytest.raises(ValueError, match="this model is for next-token, not classification"):
+        model.predict(torch.zeros(1, 9))
+
+
+def test_predict_on_text_from_the_command_line(text_model: tuple[Path, torch.nn.Module, str], run: Path,
+                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(text_model[0])
+    assert main(["predict", path, "--text", "bal", "--text", "balen", "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert [(r["text"], r["continues as"]) for r in rows] == [("bal", "en"), ("balen", "")]
+    assert rows[1]["loss/char"] < rows[0]["loss/char"]  # "bal" ends where no trained word ends
+    assert "nats/char (perplexity" in captured.err and "on 10 characters of 2 texts" in captured.err
+    (tmp_path / "words.txt").write_text("balen\n\nkumen\nfosar\n")
+    assert main(["predict", path, str(tmp_path / "words.txt")]) == 0
+    table = capsys.readouterr().out
+    assert "continues as" in table and "fosar" in table and "of 3 texts" in table
+    for args, message in [([], "give a text file (one word or sequence a line) or --text, one of them"),
+                          ([str(tmp_path / "words.txt"), "--text", "bal"], "one of them"),
+                          (["--text", "b e"], "a space: this model was trained on one word a sample")]:
+        assert main(["predict", path, *args]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["export", str(run), str(tmp_path), "--node", "n00"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "n00-model.safetensors"), "--text", "bal"]) == 2
+    assert "classifies inputs of shape (1, 8, 8): give a file of them" in capsys.readouterr().err
