@@ -341,16 +341,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if y is not None:
         for row, truth in zip(rows, y.tolist(), strict=True):
             row["label"] = int(truth)
+    _print_rows(rows, args)
+    if y is not None:
+        accuracy = float((labels == y).float().mean()) if len(y) else 0.0
+        print(f"accuracy {accuracy:.2%} on {len(y)} labelled inputs", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """predict's rows: one JSON list (--json), or a table of the first --show of them."""
     if args.json:
         print(json.dumps(rows))
     else:
         print(tabulate(rows[: args.show] if args.show else rows, headers="keys"))
         if args.show and len(rows) > args.show:
             print(f"... {len(rows) - args.show} more (--show 0 prints all, --json prints JSON)")
-    if y is not None:
-        accuracy = float((labels == y).float().mean()) if len(y) else 0.0
-        print(f"accuracy {accuracy:.2%} on {len(y)} labelled inputs", file=sys.stderr if args.json else sys.stdout)
-    return 0
 
 
 def _predict_text(model: ExportedModel, args: argparse.Namespace) -> int:
@@ -370,12 +375,7 @@ def _predict_text(model: ExportedModel, args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.input or '--text'}: {exc}") from None
     rows = [{"text": t, "loss/char": round(loss, 4), "accuracy": round(acc, 4), "continues as": model.complete(t)}
             for t, (loss, acc, _) in zip(texts, scores, strict=True)]
-    if args.json:
-        print(json.dumps(rows))
-    else:
-        print(tabulate(rows[: args.show] if args.show else rows, headers="keys"))
-        if args.show and len(rows) > args.show:
-            print(f"... {len(rows) - args.show} more (--show 0 prints all, --json prints JSON)")
+    _print_rows(rows, args)
     characters = sum(n for *_, n in scores)
     loss = sum(x * n for x, _, n in scores) / characters
     accuracy = sum(a * n for _, a, n in scores) / characters
