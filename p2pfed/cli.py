@@ -373,8 +373,8 @@ def _predict_text(model: ExportedModel, args: argparse.Namespace) -> int:
         scores = model.score(texts)
     except ValueError as exc:
         raise ConfigError(f"{args.input or '--text'}: {exc}") from None
-    rows = [{"text": t, "loss/char": round(loss, 4), "accuracy": round(acc, 4), "continues as": model.complete(t)}
-            for t, (loss, acc, _) in zip(texts, scores, strict=True)]
+    rows = [{"text": t, "loss/char": round(loss, 4), "accuracy": round(acc, 4), "continues as": then}
+            for t, (loss, acc, _), then in zip(texts, scores, model.complete(texts), strict=True)]
     _print_rows(rows, args)
     characters = sum(n for *_, n in scores)
     loss = sum(x * n for x, _, n in scores) / characters

@@ -11,7 +11,7 @@ recipe's fingerprint. ``ExportedModel`` rebuilds the model from the card and pre
     labels = model.predict(x)          # x: raw inputs of the card's input shape, (N, C, H, W)
 
 A next-token model (``char-gru``) takes text instead: ``model.score(texts)`` gives each text's loss per
-character and next-character accuracy, ``model.complete(text)`` what the model writes after it.
+character and next-character accuracy, ``model.complete(texts)`` what the model writes after each.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import torch
 from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import MODELS, build_model
-from p2pfed.learn.tasks import NEXT_TOKEN, PAD
+from p2pfed.learn.tasks import CLASSIFICATION, NEXT_TOKEN, PAD
 from p2pfed.learn.text import BOS, EOS, decode, encode_words
 
 CARD = "p2pfed.card"  # metadata key of the card, in node checkpoints and exported models
+BATCH = 1024  # texts a forward pass of score and complete takes
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,12 @@ class ModelCard:
             return "has standardisation statistics that are not finite numbers (std above 0)"
         if not (isinstance(self.pixel_max, (int, float)) and 0 <= self.pixel_max <= 1e6):
             return "has a pixel value out of bounds"
+        if self.task not in (CLASSIFICATION.name, NEXT_TOKEN.name):
+            return f"names an unknown task {str(self.task)[:40]!r}"
+        if self.task == NEXT_TOKEN.name and not (isinstance(self.vocabulary, str) and len(self.input_shape) == 1
+                                                 and len(self.vocabulary) == self.num_classes
+                                                 and BOS in self.vocabulary and EOS in self.vocabulary):
+            return "has a vocabulary that does not fit its next-token model (one token a class, start and end in it)"
         return ""
 
     @classmethod
@@ -193,30 +200,41 @@ class ExportedModel:
         """For each text: the mean cross-entropy per predicted character (nats; the end token counts, as in
         training), the share of its characters the model predicted from the ones before, and how many."""
         x, y = self.encode(texts)
-        out = self.module(x)
-        scored = y != PAD
-        losses = NEXT_TOKEN.loss(out, y, reduction="none").reshape(y.shape)  # 0 at the padding
-        hits = (out.argmax(-1) == y) & scored
-        counts = scored.sum(1)
-        return [(float(losses[i].sum() / counts[i]), float(hits[i].sum() / counts[i]), int(counts[i]))
-                for i in range(len(texts))]
+        scores = []
+        for start in range(0, len(x), BATCH):  # a file of many texts in batches: the logits are (N, width, V)
+            out, target = self.module(x[start:start + BATCH]), y[start:start + BATCH]
+            scored = target != PAD
+            losses = NEXT_TOKEN.loss(out, target, reduction="none").reshape(target.shape)  # 0 at the padding
+            hits = ((out.argmax(-1) == target) & scored).sum(1)
+            counts = scored.sum(1)
+            scores += [(float(losses[i].sum() / counts[i]), float(hits[i] / counts[i]), int(counts[i]))
+                       for i in range(len(target))]
+        return scores
 
     @torch.no_grad()
-    def complete(self, text: str) -> str:
-        """What the model writes after text: the most probable next character, one at a time, until it ends the
-        word (or sequence) or the input width is full. The model is causal, so the padding after the
-        characters so far changes nothing."""
-        x, _ = self.encode([text])
+    def complete(self, texts: list[str]) -> list[str]:
+        """What the model writes after each text: the most probable next character, one at a time, until it ends
+        the word (or sequence) or the input width is full. The model is causal, so the padding after the
+        characters so far changes nothing: a batch of texts takes at most the width's forward passes."""
+        x, _ = self.encode(texts)
         end = self.card.vocabulary.index(EOS)
-        tokens = x[0].tolist()[: len(text) + 1]
         width = self.card.input_shape[0]
-        while len(tokens) < width:
-            padded = torch.tensor([tokens + [end] * (width - len(tokens))])
-            best = int(self.module(padded)[0, len(tokens) - 1].argmax())
-            if best == end:
-                break
-            tokens.append(best)
-        return decode(torch.tensor(tokens[len(text) + 1:]), self.card.vocabulary)
+        written: list[str] = []
+        for start in range(0, len(x), BATCH):
+            tokens = x[start:start + BATCH].clone()
+            given = torch.tensor([len(t) + 1 for t in texts[start:start + BATCH]])  # the start token and the text
+            length = given.clone()
+            going = length < width
+            while bool(going.any()):
+                rows = torch.nonzero(going).flatten()
+                best = self.module(tokens[rows])[torch.arange(len(rows)), length[rows] - 1].argmax(-1)
+                going[rows[best == end]] = False
+                rows, best = rows[best != end], best[best != end]
+                tokens[rows, length[rows]] = best
+                length[rows] += 1
+                going &= length < width
+            written += [decode(tokens[i, given[i]:length[i]], self.card.vocabulary) for i in range(len(tokens))]
+        return written
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")

@@ -186,8 +186,9 @@ def test_a_next_token_model_scores_and_continues_text(text_model: tuple[Path, to
 
     path, module, vocabulary = text_model
     model = ExportedModel.load(path)
-    assert model.complete("bal") == "en" and model.complete("Kus") == "en"  # lowercased, as the node's text
-    assert model.complete("balen") == ""  # a word it would end there
+    # lowercased, as the node's text; "balen" is a word it ends there; a full width leaves nothing to write
+    assert model.complete(["bal", "Kus", "balen", "balenbal"]) == ["en", "en", "", ""]
+    assert model.complete(["bal"] * 3000) == ["en"] * 3000  # over more than one batch
     (seen, seen_acc, n), (other, other_acc, _) = model.score(["balen", "balar"])
     assert n == 6 and seen < other and seen_acc > other_acc  # five letters and the end
     # the loss per character is the node's own evaluation's: the same encoding, the end token counted
@@ -207,6 +208,15 @@ def test_a_next_token_model_scores_and_continues_text(text_model: tuple[Path, to
         model.score(["balen", "balenbalen"])
     with pytest.raises(ValueError, match="this model is for next-token, not classification"):
         model.predict(torch.zeros(1, 9))
+    from dataclasses import replace
+
+    from p2pfed.learn.checkpoint import save_atomic
+
+    for forged in (replace(model.card, vocabulary=vocabulary.replace("\x03", "z")),
+                   replace(model.card, num_classes=len(vocabulary) + 1), replace(model.card, task="rm -rf")):
+        save_atomic(dict(module.state_dict()), path, metadata={CARD: forged.to_json()})
+        with pytest.raises(CheckpointError, match=r"vocabulary that does not fit|unknown task"):
+            ExportedModel.load(path)
 
 
 def test_predict_on_text_from_the_command_line(text_model: tuple[Path, torch.nn.Module, str], run: Path,
