@@ -73,6 +73,7 @@ class Coordinator:
         self.method = make_server(method, self, scenario)
         self.server_test = server_test_set(dataset, scenario.data.server_test, scenario.seed)
         self.round = 0
+        self.tested = -1  # the round whose served model was last tested on the server's set (-1: none yet)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = out_dir / "coordinator.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"coordinator{SUFFIX}"
@@ -194,7 +195,7 @@ class Coordinator:
         return the nodes that answered."""
         nodes = [n for n in self.live_nodes() if only is None or n in only]
         # the finish after an evaluation round would test the same served model again: its record is there
-        again = kind == "finish" and self.scenario.rounds % self.cfg.eval_every == 0
+        again = kind == "finish" and self.tested == self.round
         served = self.method.served_model() if self.server_test is not None and only is None and not again else None
         tasks = {}
         for n in nodes:
@@ -230,6 +231,7 @@ class Coordinator:
         val = sum(validated) / len(validated) if validated else None
         self.record("server", val_accuracy=val, validated=len(validated), accuracy=ev.accuracy, loss=ev.loss,
                     macro_f1=ev.macro_f1, test_samples=ev.samples)
+        self.tested = self.round
         log.info("coordinator: round %d: served model %.4f on %d server test samples (nodes' validation %s)",
                  self.round, ev.accuracy, ev.samples, "–" if val is None else f"{val:.4f}")
 

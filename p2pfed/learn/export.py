@@ -26,12 +26,14 @@ import torch
 
 from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, save_atomic
 from p2pfed.learn.datasets import Dataset
-from p2pfed.learn.models import MODELS, build_model
+from p2pfed.learn.models import MODELS, SEQUENCE_MODELS, build_model
 from p2pfed.learn.tasks import CLASSIFICATION, NEXT_TOKEN, PAD
 from p2pfed.learn.text import BOS, EOS, decode, encode_words
 
 CARD = "p2pfed.card"  # metadata key of the card, in node checkpoints and exported models
 BATCH = 1024  # texts a forward pass of score and complete takes
+MAX_WIDTH = 4096  # a sequence model's positions (the longest words_per_sample sample is 271 characters): complete's
+# work grows with the square of the width, and a model file may come from anyone
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,12 @@ class ModelCard:
 
     def problem(self) -> str:
         """What makes the card unusable ("" if nothing): unknown model, sizes out of bounds, odd statistics."""
+        kinds = {"model": str, "num_classes": int, "task": str, "input_mean": list, "input_std": list,
+                 "vocabulary": str, "node": str, "method": str, "round": int, "recipe": str}
+        wrong = [k for k, kind in kinds.items() if not isinstance(getattr(self, k), kind)
+                 or isinstance(getattr(self, k), bool)]
+        if wrong:
+            return f"has fields of the wrong kind: {', '.join(wrong)}"
         size = math.prod(self.input_shape) if self.input_shape else 0
         stats = (self.input_mean, self.input_std)
         if self.model not in MODELS:
@@ -88,10 +96,14 @@ class ModelCard:
             return "has a pixel value out of bounds"
         if self.task not in (CLASSIFICATION.name, NEXT_TOKEN.name):
             return f"names an unknown task {str(self.task)[:40]!r}"
-        if self.task == NEXT_TOKEN.name and not (isinstance(self.vocabulary, str) and len(self.input_shape) == 1
+        if (self.model in SEQUENCE_MODELS) != (self.task == NEXT_TOKEN.name):
+            return f"names a {self.model} for {self.task}: a sequence model is for next-token prediction, and only it"
+        if self.task == NEXT_TOKEN.name and not (len(self.input_shape) == 1 and self.input_shape[0] <= MAX_WIDTH
                                                  and len(self.vocabulary) == self.num_classes
+                                                 and len(set(self.vocabulary)) == len(self.vocabulary)
                                                  and BOS in self.vocabulary and EOS in self.vocabulary):
-            return "has a vocabulary that does not fit its next-token model (one token a class, start and end in it)"
+            return (f"has a vocabulary or width that does not fit its next-token model (one distinct token a class, "
+                    f"start and end among them; at most {MAX_WIDTH} positions)")
         return ""
 
     @classmethod
@@ -216,13 +228,14 @@ class ExportedModel:
         """What the model writes after each text: the most probable next character, one at a time, until it ends
         the word (or sequence) or the input width is full. The model is causal, so the padding after the
         characters so far changes nothing: a batch of texts takes at most the width's forward passes."""
-        x, _ = self.encode(texts)
+        x, y = self.encode(texts)
         end = self.card.vocabulary.index(EOS)
         width = self.card.input_shape[0]
         written: list[str] = []
         for start in range(0, len(x), BATCH):
             tokens = x[start:start + BATCH].clone()
-            given = torch.tensor([len(t) + 1 for t in texts[start:start + BATCH]])  # the start token and the text
+            # the start token and the text as encoded (lowercased): as many as its targets, the text and the end
+            given = (y[start:start + BATCH] != PAD).sum(1)
             length = given.clone()
             going = length < width
             while bool(going.any()):

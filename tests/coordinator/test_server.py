@@ -291,6 +291,14 @@ async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left
     record = coordinator_records(tmp_path, "a")[-1]
     assert record["event"] == "server" and record["validated"] == 2 and record["val_accuracy"] == 0.625
     assert record["test_samples"] == 50  # the seeded draw from the test split
+    # the finish right after a tested round does not test the same model again; after an untested one (a resume
+    # with another eval_every, say) it does
+    fedavg.tested = fedavg.round = 5
+    await fedavg.evaluate("finish")
+    assert len(coordinator_records(tmp_path, "a")) == 1
+    fedavg.tested = 3
+    await fedavg.evaluate("finish")
+    assert [r["round"] for r in coordinator_records(tmp_path, "a")] == [0, 5]
     asked.clear()
     ifca = Coordinator(scenario, "ifca", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
     answering(ifca, {"n00": 0.5})

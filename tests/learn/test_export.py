@@ -188,7 +188,9 @@ def test_a_next_token_model_scores_and_continues_text(text_model: tuple[Path, to
     model = ExportedModel.load(path)
     # lowercased, as the node's text; "balen" is a word it ends there; a full width leaves nothing to write
     assert model.complete(["bal", "Kus", "balen", "balenbal"]) == ["en", "en", "", ""]
-    assert model.complete(["bal"] * 3000) == ["en"] * 3000  # over more than one batch
+    alone = {t: model.complete([t])[0] for t in ("bal", "d", "kusen", "")}
+    mixed = ["bal", "d", "kusen", ""] * 700  # texts of different lengths, over more than one batch
+    assert model.complete(mixed) == [alone[t] for t in mixed]
     (seen, seen_acc, n), (other, other_acc, _) = model.score(["balen", "balar"])
     assert n == 6 and seen < other and seen_acc > other_acc  # five letters and the end
     # the loss per character is the node's own evaluation's: the same encoding, the end token counted
@@ -212,10 +214,18 @@ def test_a_next_token_model_scores_and_continues_text(text_model: tuple[Path, to
 
     from p2pfed.learn.checkpoint import save_atomic
 
-    for forged in (replace(model.card, vocabulary=vocabulary.replace("\x03", "z")),
-                   replace(model.card, num_classes=len(vocabulary) + 1), replace(model.card, task="rm -rf")):
+    card = model.card
+    for forged, problem in [(replace(card, vocabulary=vocabulary.replace("\x03", "z")), "vocabulary or width"),
+                            (replace(card, vocabulary=vocabulary[:-1] + "a"), "vocabulary or width"),  # "a" twice
+                            (replace(card, num_classes=len(vocabulary) + 1), "vocabulary or width"),
+                            (replace(card, input_shape=(50_000,)), "vocabulary or width"),
+                            (replace(card, task="rm -rf"), "unknown task"),
+                            (replace(card, task="classification"), "a char-gru for classification"),
+                            (replace(card, model="logreg"), "a logreg for next-token"),
+                            (replace(card, num_classes=str(card.num_classes)), "wrong kind: num_classes"),  # type: ignore[arg-type]
+                            (replace(card, model=5), "wrong kind: model")]:  # type: ignore[arg-type]
         save_atomic(dict(module.state_dict()), path, metadata={CARD: forged.to_json()})
-        with pytest.raises(CheckpointError, match=r"vocabulary that does not fit|unknown task"):
+        with pytest.raises(CheckpointError, match=problem):
             ExportedModel.load(path)
 
 
