@@ -7,6 +7,7 @@ FedAvg's weighting or FedProx's penalty: it knows no method module.)"""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 from p2pfed.methods import METHODS
@@ -31,3 +32,25 @@ def test_no_generic_module_names_a_method() -> None:
 def test_the_check_sees_a_method_name() -> None:
     assert PATTERN.search("# FedAvg by sample count") and PATTERN.search('CLUSTERING = {"pfedlia-p2p"}')
     assert not PATTERN.search("weighted_average(states)")  # a word that only contains one is not one
+
+
+def _modules(package: Path) -> set[str]:
+    """The dotted names, relative to package, of its modules and of its sub-packages that hold code (an empty
+    __init__.py imports nothing)."""
+    return {".".join(path.relative_to(package).with_suffix("").parts).removesuffix(".__init__")
+            for path in package.rglob("*.py")
+            if path.parent != package or path.name != "__init__.py"
+            if path.name != "__init__.py" or path.read_text().strip()}
+
+
+def test_every_module_is_in_a_layer_of_its_contract() -> None:
+    """import-linter checks only the modules a layers contract names: a module outside every layer may import
+    anything, unseen. Every module of p2pfed (and of learn, for its own contract) must fall in one."""
+    contracts = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    for contract in contracts:
+        container = contract["containers"][0].removeprefix("p2pfed").removeprefix(".")
+        package = ROOT / Path(*container.split(".")) if container else ROOT
+        layers = [name.strip() for layer in contract["layers"] for name in layer.split("|")]
+        outside = sorted(m for m in _modules(package)
+                         if not any(m == name or m.startswith(name + ".") for name in layers))
+        assert outside == [], f"{contract['name']}: {', '.join(outside)} in no layer"
