@@ -326,9 +326,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     """Predict the classes of inputs with an exported model; score them when labels are given."""
     from p2pfed.learn.export import ExportedModel, read_inputs
+    from p2pfed.learn.tasks import NEXT_TOKEN
 
     model = ExportedModel.load(args.model)
-    if model.card.task == "next-token":
+    if model.card.task == NEXT_TOKEN.name:
         return _predict_text(model, args)
     if args.input is None or args.text:
         raise ConfigError(f"{args.model} classifies inputs of shape {model.card.input_shape}: give a file of them "

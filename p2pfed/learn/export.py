@@ -27,7 +27,7 @@ import torch
 from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.models import MODELS, SEQUENCE_MODELS, build_model
-from p2pfed.learn.tasks import CLASSIFICATION, NEXT_TOKEN, PAD
+from p2pfed.learn.tasks import NEXT_TOKEN, PAD, TASKS
 from p2pfed.learn.text import BOS, EOS, decode, encode_words
 
 CARD = "p2pfed.card"  # metadata key of the card, in node checkpoints and exported models
@@ -94,7 +94,7 @@ class ModelCard:
             return "has standardisation statistics that are not finite numbers (std above 0)"
         if not (isinstance(self.pixel_max, (int, float)) and 0 <= self.pixel_max <= 1e6):
             return "has a pixel value out of bounds"
-        if self.task not in (CLASSIFICATION.name, NEXT_TOKEN.name):
+        if self.task not in TASKS:
             return f"names an unknown task {str(self.task)[:40]!r}"
         if (self.model in SEQUENCE_MODELS) != (self.task == NEXT_TOKEN.name):
             return f"names a {self.model} for {self.task}: a sequence model is for next-token prediction, and only it"
