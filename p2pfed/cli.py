@@ -367,6 +367,8 @@ def _predict_text(model: ExportedModel, args: argparse.Namespace) -> int:
     if bool(args.input) == bool(args.text):
         raise ConfigError(f"{args.model} predicts text: give a text file (one word or sequence a line) or --text, "
                           "one of them")
+    if args.input and not Path(args.input).is_file():
+        raise ConfigError(f"{args.input} is not a file: give a text file (one word or sequence a line), or --text")
     texts = args.text or [line.strip() for line in read_text(Path(args.input)).splitlines() if line.strip()]
     if not texts:
         raise ConfigError(f"{args.input}: no text in it")
@@ -380,8 +382,9 @@ def _predict_text(model: ExportedModel, args: argparse.Namespace) -> int:
     characters = sum(n for *_, n in scores)
     loss = sum(x * n for x, _, n in scores) / characters
     accuracy = sum(a * n for _, a, n in scores) / characters
+    texts_said = f"{len(texts)} text{'s' if len(texts) > 1 else ''}"
     print(f"loss {loss:.4f} nats/char (perplexity {math.exp(loss):.2f}), accuracy {accuracy:.2%} on {characters} "
-          f"characters of {len(texts)} texts", file=sys.stderr if args.json else sys.stdout)
+          f"characters of {texts_said}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -244,7 +244,8 @@ def test_predict_on_text_from_the_command_line(text_model: tuple[Path, torch.nn.
     assert "continues as" in table and "fosar" in table and "of 3 texts" in table
     for args, message in [([], "give a text file (one word or sequence a line) or --text, one of them"),
                           ([str(tmp_path / "words.txt"), "--text", "bal"], "one of them"),
-                          (["--text", "b e"], "a space: this model was trained on one word a sample")]:
+                          (["--text", "b e"], "a space: this model was trained on one word a sample"),
+                          ([str(tmp_path / "none.txt")], "none.txt is not a file: give a text file")]:
         assert main(["predict", path, *args]) == 2
         assert message in capsys.readouterr().err
     assert main(["export", str(run), str(tmp_path), "--node", "n00"]) == 0
