@@ -10,6 +10,9 @@ recipe's fingerprint. ``ExportedModel`` rebuilds the model from the card and pre
     model = ExportedModel.load("n01-model.safetensors")
     labels = model.predict(x)          # x: raw inputs of the card's input shape, (N, C, H, W)
 
+Inputs are refused if any is NaN or infinite, and a warning is logged when they lie far from the range of
+the inputs the node trained on (the card's input_range: pixels of 0-255 given to a model of 0-16 ones).
+
 A next-token model (``char-gru``) takes text instead: ``model.score(texts)`` gives each text's loss per
 character and next-character accuracy, ``model.complete(texts)`` what the model writes after each.
 """
@@ -17,15 +20,22 @@ character and next-character accuracy, ``model.complete(texts)`` what the model 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import re
+import zipfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from p2pfed.learn.checkpoint import CheckpointError, load_with_metadata, save_atomic
 from p2pfed.learn.datasets import Dataset
+from p2pfed.learn.files import read_own
 from p2pfed.learn.models import MODELS, SEQUENCE_MODELS, build_model
 from p2pfed.learn.tasks import NEXT_TOKEN, PAD, TASKS
 from p2pfed.learn.text import BOS, EOS, decode, encode_words
@@ -34,6 +44,10 @@ CARD = "p2pfed.card"  # metadata key of the card, in node checkpoints and export
 BATCH = 1024  # texts a forward pass of score and complete takes
 MAX_WIDTH = 4096  # a sequence model's positions (the longest words_per_sample sample is 271 characters): complete's
 # work grows with the square of the width, and a model file may come from anyone
+TAKES = "predict takes a model file written by `p2pfed export` (.safetensors)"
+PICKLED = "a torch.save (pickle) file, as an earlier p2pfed's checkpoints were"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,10 @@ class ModelCard:
     method: str = ""
     round: int = -1
     recipe: str = ""  # the recipe's fingerprint (scenario/recipe.py)
+    class_names: list[str] = field(default_factory=list)  # the recipe's data.class_names, in class order
+    # [lowest, highest] value of the training inputs in raw units, to warn of inputs in other units; empty in
+    # cards written before it was kept (and for text): not checked
+    input_range: list[float] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -73,7 +91,8 @@ class ModelCard:
     def problem(self) -> str:
         """What makes the card unusable ("" if nothing): unknown model, sizes out of bounds, odd statistics."""
         kinds = {"model": str, "num_classes": int, "task": str, "input_mean": list, "input_std": list,
-                 "vocabulary": str, "node": str, "method": str, "round": int, "recipe": str}
+                 "vocabulary": str, "node": str, "method": str, "round": int, "recipe": str,
+                 "class_names": list, "input_range": list}
         wrong = [k for k, kind in kinds.items() if not isinstance(getattr(self, k), kind)
                  or isinstance(getattr(self, k), bool)]
         if wrong:
@@ -94,6 +113,13 @@ class ModelCard:
             return "has standardisation statistics that are not finite numbers (std above 0)"
         if not (isinstance(self.pixel_max, (int, float)) and 0 <= self.pixel_max <= 1e6):
             return "has a pixel value out of bounds"
+        if self.input_range and not (len(self.input_range) == 2
+                                     and all(isinstance(v, (int, float)) and math.isfinite(v) for v in self.input_range)
+                                     and self.input_range[0] <= self.input_range[1]):
+            return "has an input range that is not two finite numbers, the lowest first"
+        if len(self.class_names) > self.num_classes or not all(isinstance(n, str) and len(n) <= 200
+                                                               for n in self.class_names):
+            return f"has class names that are not at most {self.num_classes} names (text)"
         if self.task not in TASKS:
             return f"names an unknown task {str(self.task)[:40]!r}"
         if (self.model in SEQUENCE_MODELS) != (self.task == NEXT_TOKEN.name):
@@ -107,13 +133,30 @@ class ModelCard:
         return ""
 
     @classmethod
-    def of(cls, model: str, dataset: Dataset, **origin: Any) -> ModelCard:
-        """The card of a model architecture trained on dataset (origin: node, method, round, recipe)."""
+    def of(cls, model: str, dataset: Dataset, class_names: Sequence[str] = (), **origin: Any) -> ModelCard:
+        """The card of a model architecture trained on dataset, whose classes are class_names (the recipe's,
+        if it names them; origin: node, method, round, recipe)."""
         mean, std = dataset.input_mean, dataset.input_std
         return cls(model, tuple(dataset.input_shape), dataset.num_classes, dataset.task.name,
                    mean.flatten().tolist() if mean is not None else [],
                    std.flatten().tolist() if std is not None else [], dataset.pixel_max, dataset.vocabulary,
-                   **origin)
+                   class_names=list(class_names), input_range=input_range(dataset), **origin)
+
+
+def input_range(dataset: Dataset) -> list[float]:
+    """[lowest, highest] value of dataset's training inputs in raw units (undoing its standardisation); [] for
+    text, whose inputs are token numbers."""
+    x = dataset.x_train
+    if dataset.task.name == NEXT_TOKEN.name or not x.numel():
+        return []
+    # per input element over the samples, then undone: a sample's worth of memory, not the dataset's again
+    low, high = x.amin(dim=0).float(), x.amax(dim=0).float()
+    if dataset.input_mean is not None and dataset.input_std is not None:  # std > 0: the order is kept
+        low, high = low * dataset.input_std + dataset.input_mean, high * dataset.input_std + dataset.input_mean
+    lo, hi = float(low.min()), float(high.max())
+    # float error of the round trip (16.000002 for digits' 16) cut at a millionth of the span, for the reader
+    digits = 6 - math.floor(math.log10(hi - lo)) if hi > lo else 6
+    return [round(lo, digits) + 0.0, round(hi, digits) + 0.0]  # + 0.0: no -0.0
 
 
 def export_model(checkpoint: Path, out: Path) -> ModelCard:
@@ -126,8 +169,31 @@ def export_model(checkpoint: Path, out: Path) -> ModelCard:
         raise CheckpointError(f"{checkpoint} is not a node's checkpoint with a model card (a coordinator's, or "
                               "one written before p2pfed kept cards): nothing to export")
     card = ModelCard.from_json(metadata[CARD], str(checkpoint))
-    save_atomic(model, out, metadata={CARD: card.to_json()})
+    # Missing folders are made, as a run's and a node's --out are: the user named where the model goes, and a
+    # mistyped folder shows as a file in a visible wrong place rather than as an export that did not happen.
+    if out.parent.exists() and not out.parent.is_dir():
+        raise OSError(f"{out}: {out.parent} is a file, not a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"{out}: cannot make its folder {out.parent} ({exc.strerror or exc})") from None
+    try:
+        save_atomic(model, out, metadata={CARD: card.to_json()})
+    except (OSError, SafetensorError) as exc:
+        tmp = out.with_name(out.name + ".tmp")  # save_atomic's, if it got that far
+        if tmp.exists():
+            tmp.unlink()
+        raise OSError(f"{out}: cannot write there ({_why_not_written(exc)})") from None
     return card
+
+
+def _why_not_written(exc: Exception) -> str:
+    """The operating system's reason in exc ("Read-only file system"), also when safetensors wrapped it in its
+    own message about a temporary file of its own."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    code = re.search(r"os error (\d+)", str(exc))
+    return os.strerror(int(code[1])) if code else str(exc)[:200]
 
 
 class ExportedModel:
@@ -144,11 +210,21 @@ class ExportedModel:
 
     @classmethod
     def load(cls, path: str | Path) -> ExportedModel:
-        """Read an exported model (safetensors: nothing in it can run code)."""
+        """Read an exported model (safetensors: nothing in it can run code); CheckpointError says what else the
+        file is (inputs, a node's checkpoint, a pickle)."""
         path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such model file ({TAKES})")
+        other = _not_safetensors(path)
+        if other:
+            old = "; an earlier p2pfed's checkpoint becomes one by `p2pfed convert`, then `p2pfed export`"
+            raise CheckpointError(f"{path} is {other}: {TAKES}{old if other == PICKLED else ''}")
         state, metadata = load_with_metadata(path)  # a plain state dict, whoever wrote the file
         if CARD not in metadata:
             raise CheckpointError(f"{path} has no model card: not a model `p2pfed export` wrote")
+        if not all(isinstance(t, torch.Tensor) for t in state.values()):  # a tree: the model, its round, its method
+            raise CheckpointError(f"{path} is a node's checkpoint, not an exported model: write its model with "
+                                  f"`p2pfed export {path} OUT.safetensors`")
         card = ModelCard.from_json(metadata[CARD], str(path))
         module = build_model(card.model, card.input_shape, card.num_classes)
         try:
@@ -170,7 +246,29 @@ class ExportedModel:
             shape = ", ".join(map(str, self.card.input_shape))
             raise ValueError(f"inputs of shape {tuple(x.shape[1:])}; this {self.card.model} takes "
                              f"{self.card.input_shape} (N samples as (N, {shape}))")
+        if x.is_floating_point():
+            bad = ~torch.isfinite(x)
+            if bool(bad.any()):  # a model answers NaN with a class all the same: refuse, where the user can look
+                first, count = int(bad.reshape(len(x), -1).any(dim=1).nonzero()[0]), int(bad.sum())
+                raise ValueError(f"{count} input value{'s are' if count > 1 else ' is'} NaN or infinite, the first "
+                                 f"in row {first} (rows count from 0)")
         return x
+
+    def range_warning(self, x: torch.Tensor) -> str:
+        """Why raw inputs x look like they are in other units than the model's training inputs ("" if they do
+        not, or the card does not say its range): a model answers them confidently, and wrongly."""
+        if len(self.card.input_range) != 2 or not x.numel():
+            return ""
+        lo, hi = self.card.input_range
+        span = hi - lo
+        x_lo, x_hi = float(x.min()), float(x.max())
+        # Far: past the trained range by more than its own span (0-255 for 0-16), or spread over less than a
+        # tenth of it (0-16 for 0-255, 0-1 for 0-16). Inputs all of one value (a blank image) say nothing.
+        if span <= 0 or not (x_lo < lo - span or x_hi > hi + span or 0 < x_hi - x_lo < span / 10):
+            return ""
+        return (f"inputs run from {x_lo:g} to {x_hi:g}, but this model was trained on inputs from {lo:g} to "
+                f"{hi:g}: in other units? (pixels of 0-255 for 0-16 ones, say) Its answers on them may be "
+                "confident and wrong")
 
     @torch.no_grad()
     def probabilities(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,6 +276,9 @@ class ExportedModel:
         if self.card.task != "classification":
             raise ValueError(f"this model is for {self.card.task}, not classification: no class probabilities")
         x = self.check(x).float()
+        warning = self.range_warning(x)
+        if warning:
+            log.warning("%s", warning)
         if self.mean is not None and self.std is not None:
             x = (x - self.mean) / self.std
         return torch.softmax(self.module(x), dim=1)
@@ -254,8 +355,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
 
 def read_inputs(path: Path, card: ModelCard) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
-    """What to predict, in raw units: an .npz of x (and y, to score), an .npy of x, an image file or a folder of
-    image files. Returns the inputs, the labels if given and a name for each input."""
+    """What to predict, in raw units: an .npz of x (and y, to score), an .npy of x, an image file, a folder of
+    image files, or an ImageFolder (a sub-folder of images per class, as a node trains on: labels to score).
+    Returns the inputs, the labels if given and a name for each input."""
     import numpy as np
 
     if path.suffix in (".npz", ".npy"):
@@ -277,12 +379,12 @@ def read_inputs(path: Path, card: ModelCard) -> tuple[torch.Tensor, torch.Tensor
             raise ValueError(f"{path}: {len(x)} inputs but {len(y)} labels")
         return x, y, [str(i) for i in range(len(x))]
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
+    if path.is_dir() and not files and any(p.is_dir() for p in path.iterdir()):
+        return _read_class_folders(path, card)
     if not files or any(f.suffix.lower() not in IMAGE_SUFFIXES for f in files):
-        raise ValueError(f"{path}: give an .npz (x, y), an .npy, an image ({', '.join(IMAGE_SUFFIXES)}) or a "
-                         "folder of images")
-    if not card.pixel_max or len(card.input_shape) != 3:
-        raise ValueError(f"this model was trained on arrays of shape {card.input_shape}, not on images: give an "
-                         ".npz or .npy of them")
+        raise ValueError(f"{path}: give an .npz (x, y), an .npy, an image ({', '.join(IMAGE_SUFFIXES)}), a "
+                         "folder of images or one of class folders of images")
+    _takes_images(card)
     from PIL import Image
 
     channels, height, width = card.input_shape
@@ -295,6 +397,55 @@ def read_inputs(path: Path, card: ModelCard) -> tuple[torch.Tensor, torch.Tensor
         array = torch.as_tensor(np.asarray(img, dtype=np.float32))
         images.append(array.unsqueeze(0) if channels == 1 else array.permute(2, 0, 1))
     return torch.stack(images) / 255.0 * card.pixel_max, None, [f.name for f in files]
+
+
+def _takes_images(card: ModelCard) -> None:
+    """ValueError unless the card's model was trained on images (it says how raw pixels scale)."""
+    if not card.pixel_max or len(card.input_shape) != 3:
+        raise ValueError(f"this model was trained on arrays of shape {card.input_shape}, not on images: give an "
+                         ".npz or .npy of them")
+
+
+def _read_class_folders(path: Path, card: ModelCard) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """An ImageFolder read as a node reads its own (files.read_own), its class folders numbered by the card's
+    class names (or named by number); the images in raw units, and each named by its folder and file."""
+    import torchvision
+
+    _takes_images(card)
+    x, y, white = read_own(path, card.input_shape[0], card.class_names)  # OwnDataError (ValueError) says what
+    if len(y) and int(y.max()) >= card.num_classes:
+        raise ValueError(f"{path}: class folders run to class {int(y.max())}, but this model has {card.num_classes} "
+                         f"classes (0 to {card.num_classes - 1})")
+    # the same listing read_own's ImageFolder made (sorted folders, sorted files), for the names alone
+    names = [Path(file).relative_to(path).as_posix() for file, _ in torchvision.datasets.ImageFolder(str(path)).samples]
+    return x / white * card.pixel_max, y, names
+
+
+def _not_safetensors(path: Path) -> str:
+    """What path is, if it is not a safetensors file ("" if it may be one): said in place of a parser's error."""
+    if path.is_dir():
+        return "a folder"
+    try:
+        with path.open("rb") as f:
+            head = f.read(9)
+        size = path.stat().st_size
+    except OSError as exc:
+        return f"not readable ({exc.strerror or exc})"
+    # safetensors: an 8-byte little-endian header length, then that many bytes of JSON
+    if len(head) == 9 and int.from_bytes(head[:8], "little") <= size - 8 and head[8:9] == b"{":
+        return ""
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                members = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return "a damaged zip archive"
+        if members and all(m.endswith(".npy") for m in members):
+            return "a NumPy .npz archive (inputs?)"
+        return PICKLED if any(m.endswith("data.pkl") for m in members) else "a zip archive"
+    if head.startswith(b"\x93NUMPY"):
+        return "a NumPy .npy array (inputs?)"
+    return PICKLED if head[:1] == b"\x80" else "not a safetensors file"
 
 
 def node_checkpoints(folder: Path) -> dict[str, Path]:

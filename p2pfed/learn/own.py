@@ -4,13 +4,15 @@ ever leaves the node; only models do.
 
 Formats: an ``.npz`` of ``x`` (N, ...) and ``y`` (N,); an ImageFolder (one sub-folder of images per class,
 named by its class number, 0 to classes-1, or by a name of the recipe's data.class_names, so that every
-machine numbers classes alike whatever classes it lacks); a CSV of feature columns and a label column; for
+machine numbers classes alike whatever classes it lacks); a CSV of feature columns and a label column (for a
+model of images, a row's C·H·W values fill a sample row by row, as an image flattened by NumPy does); for
 next-token prediction, a text file whose words (whitespace-separated) are the samples, spelt with the
 recipe's vocabulary.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +95,15 @@ def load_own_data(path: Path, shape: tuple[int, ...], classes: int, split: Split
     x, y, pixel_max = read_own(path, shape[0] if len(shape) == 3 else 3, class_names)
     if x.dim() == len(shape) and len(shape) == 3 and shape[0] == 1:
         x = x.unsqueeze(1)  # grey images stored without their channel axis: (N, H, W)
+    elif x.dim() == 2 and len(shape) > 1:  # flat rows (a CSV's columns) for a model of images: one row a sample
+        size = math.prod(shape)
+        if x.shape[1] != size:
+            what = "feature columns" if path.suffix == ".csv" else "values"
+            order = "C, H, W in order" if len(shape) == 3 else "the last axis fastest"
+            raise OwnDataError(f"{path}: rows of {x.shape[1]} {what}, but the recipe's model takes samples of shape "
+                               f"{shape}, {size} values a row ({order}) (data.input_shape, or that of the recipe's "
+                               "data.dataset)")
+        x = x.reshape(len(x), *shape)  # row-major: a row holds channel 0's pixels row by row, then channel 1's...
     if tuple(x.shape[1:]) != shape:
         raise OwnDataError(f"{path}: samples of shape {tuple(x.shape[1:])}, but the recipe's model takes {shape} "
                            "(data.input_shape, or that of the recipe's data.dataset)")

@@ -104,7 +104,8 @@ class LocalNode:
         self.reference = state_of(self.model)
         self.metrics_path = out_dir / f"{self.name}.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"{self.name}{SUFFIX}"
-        self.card = ModelCard.of(self.cfg.model, dataset, node=self.name, method=method or "")
+        self.card = ModelCard.of(self.cfg.model, dataset, scenario.data.class_names, node=self.name,
+                                 method=method or "")
         self.progress = Progress(method or "")
         endpoint.progress = self.progress.body  # its status tells its curve and choice (p2pfed dashboard)
 

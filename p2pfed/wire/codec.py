@@ -240,6 +240,11 @@ def _decode_tensor(spec: Any, frame: Any, limits: Limits, check_finite: bool) ->
     buf = memoryview(frame)
     if nbytes > limits.max_message_bytes:
         raise WireError(f"tensor {clip(name, 80)}: {nbytes} bytes exceeds the message limit")
+    # A zero size makes the byte count 0 whatever the other sizes are, and torch's stride calculation
+    # overflows int64 on [0, 2^39, 2^39, 2^39]: an empty tensor's other sizes are bounded as a full one's.
+    if not numel and math.prod(max(d, 1) for d in shape) * _ITEMSIZE[dname] > limits.max_message_bytes:
+        raise WireError(f"tensor {clip(name, 80)}: shape {clip(shape, 80)} is empty, but its other sizes exceed "
+                        "the message limit")
     if buf.nbytes != nbytes:
         raise WireError(f"tensor {clip(name, 80)}: frame has {buf.nbytes} bytes, spec needs {nbytes}")
     dtype = DTYPES[dname]

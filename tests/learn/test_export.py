@@ -4,6 +4,8 @@ image files) as the node's own model did on its standardised data; p2pfed export
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,7 @@ methods = ["local"]
 [data]
 dataset = "digits"
 partition.kind = "iid"
+class_names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 [train]
 model = "cnn"
 lr = 0.1
@@ -111,6 +114,8 @@ def test_what_cannot_be_exported_or_loaded_is_named(run: Path, tmp_path: Path) -
         ExportedModel.load(coordinator)
     card = json.loads(load_file_metadata(run / "n00.safetensors")[CARD])
     assert card["node"] == "n00" and len(card["input_std"]) == 1 and card["pixel_max"] == 16.0
+    # what predict checks inputs against: the training inputs' range in raw units, and the recipe's class names
+    assert card["input_range"] == [0.0, 16.0] and card["class_names"][:3] == ["zero", "one", "two"]
 
 
 def _coordinatorlike(tmp_path: Path) -> Path:
@@ -252,3 +257,185 @@ def test_predict_on_text_from_the_command_line(text_model: tuple[Path, torch.nn.
     capsys.readouterr()
     assert main(["predict", str(tmp_path / "n00-model.safetensors"), "--text", "bal"]) == 2
     assert "classifies inputs of shape (1, 8, 8): give a file of them" in capsys.readouterr().err
+
+
+# -- what predict takes, and what it refuses or warns about -----------------------------------------------------
+
+def _digits_model(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
+    """A cnn for digits' raw 0-16 pixels (untrained: these tests are about inputs, not answers), exported with a
+    card as a node writes it."""
+    from p2pfed.learn.checkpoint import save_atomic
+    from p2pfed.learn.export import ModelCard
+
+    card = ModelCard.of("cnn", load_dataset("digits"), node="n00")
+    module = build_model("cnn", (1, 8, 8), 10, seed=0)
+    path = tmp_path / "digits-model.safetensors"
+    save_atomic(dict(module.state_dict()), path, metadata={CARD: card.to_json()})
+    return path, module.eval()
+
+
+def _class_folder(root: Path, folders: dict[str, int], each: int = 3) -> Path:
+    """An ImageFolder of digits' 8x8 grey PNGs (0-255 standing for 0-16): folder name -> which digit it holds."""
+    from PIL import Image
+
+    digits = load_digits()
+    for name, label in folders.items():
+        (root / name).mkdir(parents=True)
+        for i in np.flatnonzero(digits.target == label)[:each]:
+            Image.fromarray((digits.images[i] * 255 / 16).round().astype(np.uint8)).save(root / name / f"d{i}.png")
+    return root
+
+
+def test_predict_reads_a_class_folder_a_node_trains_on_its_labels_from_the_cards_class_names(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from p2pfed.learn.export import read_inputs
+
+    assert main(["export", str(run), str(tmp_path), "--node", "n00"]) == 0
+    model_path = tmp_path / "n00-model.safetensors"
+    model = ExportedModel.load(model_path)
+    folder = _class_folder(tmp_path / "named", {"three": 3, "seven": 7})
+    x, y, names = read_inputs(folder, model.card)
+    assert y is not None and y.tolist() == [7, 7, 7, 3, 3, 3]  # the card's numbers, not the folder's order
+    assert names[0].startswith("seven/") and names[-1].startswith("three/")
+    assert x.shape == (6, 1, 8, 8) and float(x.max()) == pytest.approx(16.0)  # raw units, as image files are read
+    first = int(names[0].removeprefix("seven/d").removesuffix(".png"))  # each input is its file's image
+    assert torch.allclose(x[0, 0], torch.tensor(load_digits().images[first], dtype=torch.float32), atol=0.04)
+    capsys.readouterr()
+    assert main(["predict", str(model_path), str(folder), "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert [r["label"] for r in rows] == [7, 7, 7, 3, 3, 3] and "accuracy" in captured.err
+    # folders named by class number too; a folder name the card does not know is named
+    numbered = read_inputs(_class_folder(tmp_path / "numbered", {"3": 3}), model.card)[1]
+    assert numbered is not None and numbered.tolist() == [3, 3, 3]
+    with pytest.raises(ValueError, match="class folder 'cat' is neither a class number nor one of"):
+        read_inputs(_class_folder(tmp_path / "odd", {"cat": 3}), model.card)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nan_or_infinite_inputs_are_refused_saying_how_many_and_where(tmp_path: Path, bad: float,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = _digits_model(tmp_path)
+    model = ExportedModel.load(path)
+    x = torch.tensor(load_digits().images[:5], dtype=torch.float32)
+    x[2, 3, 4] = x[4, 0, 0] = x[4, 1, 1] = bad
+    with pytest.raises(ValueError) as caught:
+        model.predict(x)
+    assert str(caught.value) == "3 input values are NaN or infinite, the first in row 2 (rows count from 0)"
+    with pytest.raises(ValueError, match=r"^1 input value is NaN or infinite, the first in row 0 "):
+        model.predict(x[2:3])
+    np.savez(tmp_path / "bad.npz", x=x.numpy())
+    assert main(["predict", str(path), str(tmp_path / "bad.npz")]) == 2
+    assert "p2pfed: 3 input values are NaN or infinite, the first in row 2" in capsys.readouterr().err
+
+
+def test_inputs_far_from_the_trained_range_warn_and_old_cards_are_not_checked(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    raw = torch.tensor(load_digits().images[:50], dtype=torch.float32)  # 0-16, as the model was trained on
+    path, module = _digits_model(tmp_path)
+    model = ExportedModel.load(path)
+    assert model.card.input_range == [0.0, 16.0]
+    caplog.set_level(logging.WARNING)
+    model.predict(raw)
+    model.predict(raw[:1] * 0.9)  # one sample, a little darker: still the same units
+    assert not caplog.records
+    for other, said in [(raw * 255 / 16, "inputs run from 0 to 255"), (raw / 16, "inputs run from 0 to 1"),
+                        (raw - 100, "inputs run from -100 to -84")]:
+        caplog.clear()
+        model.predict(other)  # a warning, not a refusal: the answers still come
+        assert [r.levelno for r in caplog.records] == [logging.WARNING]
+        assert caplog.records[0].getMessage().startswith(
+            f"{said}, but this model was trained on inputs from 0 to 16: in other units?")
+    # a card written before cards held the range still loads, and its inputs are not checked
+    card = json.loads(load_file_metadata(path)[CARD])
+    del card["input_range"], card["class_names"]
+    from p2pfed.learn.checkpoint import save_atomic
+
+    save_atomic(dict(module.state_dict()), tmp_path / "old.safetensors", metadata={CARD: json.dumps(card)})
+    old = ExportedModel.load(tmp_path / "old.safetensors")
+    assert old.card.input_range == [] and old.card.class_names == []
+    expected = model.predict(raw * 255 / 16)
+    caplog.clear()
+    assert torch.equal(old.predict(raw * 255 / 16), expected)
+    assert not caplog.records
+    # a forged range is refused as any other forged field
+    for forged in ([16.0, 0.0], [0.0, math.inf], [1.0], ["a", "b"]):
+        save_atomic(dict(module.state_dict()), tmp_path / "forged.safetensors",
+                    metadata={CARD: json.dumps({**card, "input_range": forged})})
+        with pytest.raises(CheckpointError, match="input range"):
+            ExportedModel.load(tmp_path / "forged.safetensors")
+
+
+def test_a_file_that_is_not_an_exported_model_is_named_for_what_it_is(run: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    np.savez(tmp_path / "x.npz", x=np.zeros((2, 8, 8)))
+    np.save(tmp_path / "x.npy", np.zeros((2, 8, 8)))
+    torch.save({"w": torch.zeros(2)}, tmp_path / "old.ckpt")
+    (tmp_path / "notes.txt").write_text("hello")
+    takes = "predict takes a model file written by `p2pfed export` (.safetensors)"
+    for name, what in [("x.npz", "a NumPy .npz archive (inputs?)"), ("x.npy", "a NumPy .npy array (inputs?)"),
+                       ("old.ckpt", "a torch.save (pickle) file, as an earlier p2pfed's checkpoints were"),
+                       ("notes.txt", "not a safetensors file"), (".", "a folder")]:
+        with pytest.raises(CheckpointError) as caught:
+            ExportedModel.load(tmp_path / name)
+        # an old checkpoint is told how it becomes a model file; inputs and the rest are not told to convert
+        old = "; an earlier p2pfed's checkpoint becomes one by `p2pfed convert`, then `p2pfed export`"
+        said = f"{tmp_path / name} is {what}: {takes}{old if name == 'old.ckpt' else ''}"
+        assert str(caught.value) == said
+        assert main(["predict", str(tmp_path / name), str(tmp_path / "x.npz")]) == 2
+        assert capsys.readouterr().err == f"p2pfed: {said}\n"
+    # a node's checkpoint is a safetensors file with a card, but not the model alone: export it first
+    with pytest.raises(CheckpointError) as caught:
+        ExportedModel.load(run / "n00.safetensors")
+    assert str(caught.value) == (f"{run / 'n00.safetensors'} is a node's checkpoint, not an exported model: write "
+                                 f"its model with `p2pfed export {run / 'n00.safetensors'} OUT.safetensors`")
+    with pytest.raises(FileNotFoundError, match=r"none\.safetensors: no such model file"):
+        ExportedModel.load(tmp_path / "none.safetensors")
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Iterator[Path]:
+    """A folder nothing may be written in: a read-only tmpfs mounted on it (root, who may write in any folder
+    of the disk), or a folder without write permission (anyone else)."""
+    import os
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a read-only folder: {mounted.stderr.decode()[:200]}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_export_makes_missing_folders_and_names_a_place_it_cannot_write(
+        run: Path, tmp_path: Path, read_only: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint = run / "n00.safetensors"
+    deep = tmp_path / "models" / "today" / "n00.safetensors"  # folders that do not exist yet are made
+    assert export_model(checkpoint, deep).node == "n00" and ExportedModel.load(deep).card.node == "n00"
+    (tmp_path / "a-file").write_text("")
+    mounted = read_only.stat().st_dev != tmp_path.stat().st_dev
+    for out, why in [(read_only / "n00.safetensors",
+                      f"cannot write there ({'Read-only file system' if mounted else 'Permission denied'})"),
+                     (tmp_path / "a-file" / "n00.safetensors", f"{tmp_path / 'a-file'} is a file, not a folder"),
+                     (tmp_path / "a-file" / "x" / "n00.safetensors",
+                      f"cannot make its folder {tmp_path / 'a-file' / 'x'} (Not a directory)")]:
+        with pytest.raises(OSError) as caught:
+            export_model(checkpoint, out)
+        assert str(caught.value) == f"{out}: {why}"
+        # the command line says it in one line, with no traceback
+        assert main(["export", str(checkpoint), str(out)]) == 2
+        assert capsys.readouterr().err == f"p2pfed: {out}: {why}\n"
+    assert main(["export", str(checkpoint), str(read_only)]) == 2  # a folder as out: NAME-model.safetensors in it
+    assert capsys.readouterr().err.startswith(f"p2pfed: {read_only / 'n00-model.safetensors'}: cannot write there")
+    assert list(read_only.iterdir()) == []  # no temporary file left behind either

@@ -104,6 +104,32 @@ def test_data_that_does_not_fit_the_recipe_stops_the_node_with_one_line(tmp_path
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
+def digits_csv(path: Path, columns: int = 64, n: int = 60) -> Path:
+    """Digits as a CSV, one row a sample: its first columns pixels (row by row) and a label."""
+    digits = load_digits()
+    pixels = digits.images[:n].reshape(n, 64)[:, :columns]
+    lines = [",".join([*(f"p{i}" for i in range(columns)), "label"])]
+    lines += [",".join([*(str(int(v)) for v in row), str(int(y))]) for row, y in zip(pixels, digits.target[:n],
+                                                                                       strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_csv_of_pixel_columns_is_images_of_the_recipes_shape(tmp_path: Path) -> None:
+    dataset, train, val, test = load_own_data(digits_csv(tmp_path / "digits.csv"), (1, 8, 8), 10, Split(), seed=0)
+    assert dataset.input_shape == (1, 8, 8) and len(train) + len(val) + len(test) == 60
+    # each row is read as C, H, W in order (row by row): the images come back as they were, pixel for pixel
+    raw = torch.cat([dataset.x_train, dataset.x_test]) * dataset.input_std + dataset.input_mean  # type: ignore[operator]
+    ours = {tuple(r.round().flatten().int().tolist()) for r in raw}
+    assert ours == {tuple(img.flatten().astype(int).tolist()) for img in load_digits().images[:60]}
+    assert dataset.input_std is not None and dataset.input_std.shape == (1, 1, 1)  # per channel, as images are
+    with pytest.raises(OwnDataError) as caught:  # sizes that do not agree are still refused, saying why
+        load_own_data(digits_csv(tmp_path / "short.csv", columns=60), (1, 8, 8), 10, Split(), seed=0)
+    assert str(caught.value) == (f"{tmp_path / 'short.csv'}: rows of 60 feature columns, but the recipe's model "
+                                 "takes samples of shape (1, 8, 8), 64 values a row (C, H, W in order) "
+                                 "(data.input_shape, or that of the recipe's data.dataset)")
+
+
 def test_other_mistakes_are_named(tmp_path: Path) -> None:
     with pytest.raises(OwnDataError, match="no such file"):
         load_own_data(tmp_path / "none.npz", (1, 8, 8), 10, Split(), seed=0)

@@ -253,6 +253,38 @@ def test_any_tensor_spec_only_raises_wire_error(spec: object) -> None:
         decode([msgpack.packb(env), *VALID[1:]])
 
 
+def _refusal_of_spec(spec: list) -> str:
+    env = msgpack.unpackb(VALID[0], raw=False)
+    env["tensors"] = [spec, ["b", "float32", [4]]]
+    with pytest.raises(WireError) as exc:
+        decode([msgpack.packb(env), b"", VALID[2]])
+    return str(exc.value)
+
+
+def test_a_forged_empty_shape_hiding_huge_sizes_is_refused_not_a_crash() -> None:
+    # torch's own RuntimeError ("Stride calculation overflowed") must not escape: a zero size made the byte count
+    # 0, which the (empty) frame matched, while the other sizes overflow int64
+    for shape in ([0, 2**39, 2**39, 2**39], [0, 2**40 - 1, 2**24], [2**39, 0, 2**39, 2**39, 2**39, 2**39, 2**39]):
+        assert _refusal_of_spec(["w", "float32", shape]) == \
+            f"tensor 'w': shape {clip(shape, 80)} is empty, but its other sizes exceed the message limit"
+    long = [0, *[2**40 - 1] * 7]  # the echo is cut as every other echo of a shape
+    assert _refusal_of_spec([LONG, "float64", long]) == \
+        f"tensor {clip(LONG, 80)}: shape {clip(long, 80)} is empty, but its other sizes exceed the message limit"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2**40 - 1) | st.just(0), min_size=1, max_size=8).filter(lambda s: 0 in s),
+       st.sampled_from(sorted(DTYPES)))
+def test_any_empty_shape_decodes_or_is_refused_with_wire_error(shape: list[int], dtype: str) -> None:
+    env = msgpack.unpackb(VALID[0], raw=False)
+    env["tensors"] = [["w", dtype, shape], ["b", "float32", [4]]]
+    try:
+        out = decode([msgpack.packb(env), b"", VALID[2]])
+    except WireError:
+        return
+    assert list(out.tensors["w"].shape) == shape and out.tensors["w"].numel() == 0
+
+
 def test_oversized_frame_count_is_refused() -> None:
     frames = [VALID[0], *([b""] * 5000)]
     with pytest.raises(WireError):
@@ -330,7 +362,11 @@ def test_values_at_the_decoding_limits_are_accepted() -> None:
     limits = Limits(max_ndim=3, max_name_len=5)
     ok = decode(as_bytes(encode(model_message(wwwww=torch.zeros(2, 2, 3)))), limits)  # 3 dims, 5 characters
     assert ok.tensors["wwwww"].shape == (2, 2, 3)
-    assert decode(as_bytes(encode(model_message(e=torch.zeros(0, (1 << 40) - 1)))), limits).tensors["e"].numel() == 0
+    # an empty tensor's other sizes are bounded as a full one's are: exactly the cap (2^28 float32s) passes
+    assert decode(as_bytes(encode(model_message(e=torch.zeros(0, 1 << 28)))), limits).tensors["e"].numel() == 0
+    with pytest.raises(WireError, match=r"^tensor 'e': shape \[0, 268435457\] is empty, but its other sizes "
+                                        r"exceed the message limit$"):
+        decode(as_bytes(encode(model_message(e=torch.zeros(0, (1 << 28) + 1)))), limits)
     # a tensor of exactly the cap passes the tensor's own check; the whole message (envelope too) does not
     with pytest.raises(WireError, match=r"^message exceeds 1000 bytes"):
         decode(as_bytes(encode(model_message(w=torch.zeros(250)))), Limits(max_message_bytes=1000))
