@@ -3,7 +3,8 @@
 summary.json is a contract for users' scripts::
 
     {"methods": {"<method>": {"accuracy": float, "micro_accuracy": float, "bottom5_accuracy": float,
-                              "macro_f1": float, "ari": float | null, "bytes_sent": int, "seconds": float, ...}}}
+                              "macro_f1": float, "ari": float | null, "own_cluster_peers": float | null,
+                              "bytes_sent": int, "seconds": float, ...}}}
 
 accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next
 character), each node counting once (the per-node mean paper 002 reports); micro_accuracy weighs each node
@@ -14,9 +15,12 @@ worst5_accuracy the mean of the 5 worst nodes (paper 000's "bottom accuracy"); b
 mean of the 5 best evaluation rounds' micro accuracy (paper 000 reports it, as accuracy swings from round to
 round); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
 exp); ari the adjusted Rand index between the true clusters and the discovered ones (connected groups of
-mutual choices), for methods that discover clusters; server_test_accuracy, with data.server_test and a method
-that serves one model, is paper 004's figure: that model's accuracy on the server's held-out test set in the
-evaluation where the nodes' mean validation accuracy of it was highest (server_best_round; null otherwise).
+mutual choices), for methods that discover clusters; own_cluster_peers, beside it for methods whose nodes choose
+their peers, the share of chosen peers that are of the choosing node's true cluster (a choice one way across
+clusters, which the groups of mutual choices and so the ARI do not show); server_test_accuracy, with
+data.server_test and a method that serves one model, is paper 004's figure: that model's accuracy on the
+server's held-out test set in the evaluation where the nodes' mean validation accuracy of it was highest
+(server_best_round; null otherwise).
 """
 
 from __future__ import annotations
@@ -74,6 +78,11 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         members = sorted(n for n in found if n in true)
         ari = float(adjusted_rand_score([true[n] for n in members], [found[n] for n in members]))
         nmi = float(normalized_mutual_info_score([true[n] for n in members], [found[n] for n in members]))
+    # Only where nodes choose their peers (no choices, no pairs: None for FedAvg, local training and the
+    # coordinated methods), unlike the ARI: a coordinator's grouping has no one-way choice to hide, every node
+    # averages with its whole group and the ARI already sees each one placed wrong. As for the ARI, the true
+    # clusters must be known.
+    own = _own_cluster_peers(choices, true, set(adversaries)) if any(c >= 0 for c in true.values()) else None
     excluded = {adv: _excluded_by(adv, choices, found, [n for n in honest if true.get(n, -1) == true.get(adv, -2)])
                 for adv in adversaries}
     best = _best_served(coordinator)
@@ -92,6 +101,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "perplexity": math.exp(loss) if loss is not None and partition.get("task") == "next-token" else None,
         "ari": ari,
         "nmi": nmi,
+        "own_cluster_peers": own,
         "bytes_sent": bytes_sent,
         "seconds": float(run.get("seconds", 0.0)),
         "nodes_finished": len(finals),
@@ -160,6 +170,16 @@ def _by_cluster(nodes: dict[str, Any], true: dict[str, int]) -> dict[int, list[f
     return out
 
 
+def _own_cluster_peers(choices: dict[str, list[str]], true: dict[str, int], adversaries: set[str]) -> float | None:
+    """Over all (node, chosen peer) pairs of the nodes' last choices, the share whose peer is of the node's true
+    cluster. A node with data of its own (true cluster -1) or unknown to the partition does not count, nor does
+    an adversary (its choices are not the method's, as its accuracy is not); a peer unknown to the partition,
+    or with data of its own, counts as of another cluster. None when no counted node chose a peer."""
+    pairs = [true.get(peer) == true[node] for node, chosen in sorted(choices.items())
+             if true.get(node, -1) >= 0 and node not in adversaries for peer in chosen]
+    return sum(pairs) / len(pairs) if pairs else None
+
+
 def _excluded_by(adversary: str, choices: dict[str, list[str]], found: dict[str, int],
                  judges: list[str]) -> float | None:
     """The share of judges (honest nodes) that keep the adversary out: their choice of peers leaves it out
@@ -199,12 +219,13 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
         if text:  # next-token prediction: the loss per token and its perplexity say more than accuracy
             loss, ppl = m.get("loss"), m.get("perplexity")
             row += ["–" if loss is None else f"{loss:.3f}", "–" if ppl is None else f"{ppl:.2f}"]
-        rows.append([*row, "–" if m["ari"] is None else f"{m['ari']:.3f}", f"{m['bytes_sent'] / 1e6:.1f}",
-                     f"{m['seconds']:.0f}", f"{m['nodes_finished']}/{m['nodes']}"
+        own = m.get("own_cluster_peers")  # absent from summaries written before it was reported
+        rows.append([*row, "–" if m["ari"] is None else f"{m['ari']:.3f}", "–" if own is None else f"{100 * own:.1f}",
+                     f"{m['bytes_sent'] / 1e6:.1f}", f"{m['seconds']:.0f}", f"{m['nodes_finished']}/{m['nodes']}"
                      + (f" ({m['rounds_skipped']} rounds skipped)" if m.get("rounds_skipped") else "")])
     headers = ["method", "accuracy %", "micro acc %", "bottom-5% acc %", "macro-F1 %",
                *(["server test %"] if served else []), *(["test loss", "perplexity"] if text else []), "ARI",
-               "MB sent", "seconds", "finished"]
+               "own-cluster peers %", "MB sent", "seconds", "finished"]
     return tabulate(rows, headers=headers, tablefmt=fmt)
 
 

@@ -11,13 +11,13 @@ summary.json of a seeds folder::
                               "<metric>": {"mean": float, "sd": float | null, "values": [float | null]}, ...}}}
 
 for each metric of a seed's summary.json that is a number (accuracy, micro_accuracy, bottom5_accuracy,
-server_test_accuracy, macro_f1, loss, perplexity, ari, nmi, bytes_sent, seconds); values are in the order of the
-method's seeds (null where a seed has no value, e.g. no ARI), mean and sd over the known ones. sd is the sample standard
-deviation (n − 1 in the denominator: the seeds are a sample of the runs one could make; paper 002 does not
-say which it used), null with one value. A method counts only the seeds that ran it to its end (its run.json
-is written; a method cut short by Ctrl-C has none), and nodes_finished / nodes shows whether every node of
-those runs finished. The report covers every seed-S folder of the run folder, and refuses folders that hold
-runs of different settings (the seed aside).
+server_test_accuracy, macro_f1, loss, perplexity, ari, nmi, own_cluster_peers, bytes_sent, seconds); values are
+in the order of the method's seeds (null where a seed has no value, e.g. no ARI), mean and sd over the known
+ones. sd is the sample standard deviation (n − 1 in the denominator: the seeds are a sample of the runs one
+could make; paper 002 does not say which it used), null with one value. A method counts only the seeds that ran
+it to its end (its run.json is written; a method cut short by Ctrl-C has none), and nodes_finished / nodes shows
+whether every node of those runs finished. The report covers every seed-S folder of the run folder, and refuses
+folders that hold runs of different settings (the seed aside).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from p2pfed.report.results import line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
 
 METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "worst5_accuracy", "best5_rounds_micro_accuracy",
-           "server_test_accuracy", "macro_f1", "loss", "perplexity", "ari", "nmi", "bytes_sent", "seconds")
+           "server_test_accuracy", "macro_f1", "loss", "perplexity", "ari", "nmi", "own_cluster_peers",
+           "bytes_sent", "seconds")
 
 
 def seed_folder(run_dir: Path, seed: int) -> Path:
@@ -140,7 +141,8 @@ def write_seeds_report(run_dir: Path) -> dict[str, Any]:
 
 
 def seeds_table(summary: dict[str, Any], fmt: str = "simple") -> str:
-    """One row per method: mean ± sd over the seeds of the accuracies, F1, loss (text) and ARI."""
+    """One row per method: mean ± sd over the seeds of the accuracies, F1, loss (text), ARI and the share of
+    chosen peers in the node's own cluster."""
     def cell(m: dict[str, Any], key: str, scale: float, digits: int) -> str:
         if key not in m:
             return "–"
@@ -158,10 +160,11 @@ def seeds_table(summary: dict[str, Any], fmt: str = "simple") -> str:
             row.append(cell(m, "server_test_accuracy", 100, 2))
         if text:
             row += [cell(m, "loss", 1, 3), cell(m, "perplexity", 1, 2)]
-        rows.append([*row, cell(m, "ari", 1, 3), len(m["seeds"]), f"{m['nodes_finished']}/{m['nodes']}"])
+        rows.append([*row, cell(m, "ari", 1, 3), cell(m, "own_cluster_peers", 100, 1),
+                     len(m["seeds"]), f"{m['nodes_finished']}/{m['nodes']}"])
     headers = ["method", "accuracy %", "micro acc %", "bottom-5% acc %", "macro-F1 %",
                *(["server test %"] if served else []), *(["test loss", "perplexity"] if text else []), "ARI",
-               "seeds", "finished"]
+               "own-cluster peers %", "seeds", "finished"]
     seeds = ", ".join(map(str, summary["seeds"]))
     title = f"mean ± standard deviation over seeds {seeds}\n" + ("\n" if fmt == "github" else "")
     return title + tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)

@@ -94,3 +94,38 @@ def test_paper_000s_figures_the_best_five_rounds_and_the_five_worst_nodes(tmp_pa
     # round r's micro accuracy: (10·r + 10·(r+1) + 10·(r+2) + 30·(r+3)) / 60 / 10 = (6r + 12) / 60
     assert summary["best5_rounds_micro_accuracy"] == pytest.approx(sum((6 * r + 12) / 60 for r in range(1, 6)) / 5)
     assert summary["worst5_accuracy"] == pytest.approx((0.6 + 0.7 + 0.8 + 0.8) / 4)  # fewer than 5 nodes: all
+
+
+def test_a_one_way_choice_across_clusters_lowers_the_share_of_peers_in_own_cluster_but_not_the_ari(
+        tmp_path: Path) -> None:
+    # n00-n01 and n02-n03 choose each other (ARI 1), but n01 also chose n02 of the other cluster, one way;
+    # n04 and n05 train on data of their own (true cluster -1): what they chose does not count (were it
+    # counted, their choice of each other would raise the share to 6/7).
+    partition = {"nodes": [*NODES, "n04", "n05"], "true_cluster": [0, 0, 1, 1, -1, -1], "adversaries": {}}
+    chosen = {"n00": ["n01"], "n01": ["n00", "n02"], "n02": ["n03"], "n03": ["n02"], "n04": ["n05"],
+              "n05": ["n04"]}
+    run_folder(tmp_path, "one-way", {
+        n: [("choice", {"chosen": c, "scores": dict.fromkeys(c, 1.0)}), final(0.8)] for n, c in chosen.items()})
+    (tmp_path / "partition.json").write_text(json.dumps(partition))
+    summary = write_report(tmp_path)["methods"]["one-way"]
+    assert summary["ari"] == 1.0
+    assert summary["own_cluster_peers"] == pytest.approx(4 / 5)  # 5 pairs of nodes of a cluster, 1 across
+    assert column(tmp_path / "results.md", "own-cluster peers %") == {"one-way": "80"}  # as tabulate writes 80.0
+
+
+def test_methods_that_choose_no_peers_have_no_share_of_peers_in_own_cluster(tmp_path: Path) -> None:
+    assignment = {"n00": 0, "n01": 0, "n02": 1, "n03": 2}
+    clustered = run_folder(tmp_path, "clustered", {
+        **{n: [final(0.9)] for n in NODES}, "coordinator": [("final", {"assignment": assignment})]})
+    plain = run_folder(tmp_path, "plain", {n: [final(0.9)] for n in NODES})
+    assert summarize_method(clustered, PARTITION)["own_cluster_peers"] is None
+    assert summarize_method(plain, PARTITION)["own_cluster_peers"] is None
+    write_report(tmp_path)
+    assert column(tmp_path / "results.md", "own-cluster peers %") == {"clustered": "–", "plain": "–"}
+
+
+def column(results: Path, header: str) -> dict[str, str]:
+    """One column of a results.md table, by method."""
+    head, _, *rows = ([cell.strip() for cell in line.strip("|").split("|")]
+                      for line in results.read_text().splitlines() if line.startswith("|"))
+    return {row[0]: row[head.index(header)] for row in rows}

@@ -42,6 +42,18 @@ def test_a_seed_without_a_value_keeps_its_place() -> None:
     assert entry["accuracy"]["mean"] == pytest.approx(0.7)
 
 
+def test_the_share_of_peers_in_own_cluster_is_reported_over_seeds_beside_the_ari() -> None:
+    summaries = {s: summary(a=0.8, b=0.7) for s in (0, 1)}
+    for s, share in [(0, 0.75), (1, 1.0)]:
+        summaries[s]["methods"]["a"].update(ari=1.0, own_cluster_peers=share)
+    out = aggregate(summaries, {s: {"a", "b"} for s in summaries})
+    assert out["methods"]["a"]["own_cluster_peers"]["values"] == [0.75, 1.0]
+    assert "own_cluster_peers" not in out["methods"]["b"]  # b chooses no peers
+    header, _, *rows = seeds_table(out).splitlines()[1:]
+    at = header.index("own-cluster peers %")
+    assert [row[at:at + 11] for row in rows] == ["87.5 ± 17.7", "–" + " " * 10]
+
+
 def test_one_seed_has_no_spread() -> None:
     out = aggregate({3: summary(a=0.5)}, {3: {"a"}})
     assert out["methods"]["a"]["accuracy"]["sd"] is None
