@@ -4,7 +4,8 @@ Paths measured in the same run, each the median of --repeat transfers:
 - raw TCP: sendall of the same byte count into a recv_into loop (the reference, ratio 1.0);
 - plain pyzmq PUSH/PULL of one zero-copy frame of that size;
 - p2pfed: state dict in -> encode -> Transport.request -> decode and validate (dtype, shape, byte count,
-  finite) -> usable state dict out -> ack back to the sender;
+  finite) -> usable state dict out -> ack back to the sender; with CURVE keys (every member's default: the
+  bytes are encrypted and authenticated) and --insecure (plain TCP), to show what the keys cost;
 - pickle: pickle.dumps(state dict) -> pyzmq -> pickle.loads (what decentralizepy and p2pfl do; never
   done by p2pfed, shown for comparison).
 
@@ -26,6 +27,7 @@ import torchvision
 import zmq
 import zmq.asyncio
 
+from p2pfed.net import security
 from p2pfed.net.transport import Transport
 from p2pfed.wire import Message
 
@@ -102,8 +104,8 @@ def plain_zmq(size: int, repeat: int, pickle_of: dict[str, torch.Tensor] | None 
     return times
 
 
-async def p2pfed_transfer(sd: dict[str, torch.Tensor], repeat: int) -> list[float]:
-    """Seconds per state-dict transfer through p2pfed's Transport, acknowledged."""
+async def p2pfed_transfer(sd: dict[str, torch.Tensor], repeat: int, keyed: bool = True) -> list[float]:
+    """Seconds per state-dict transfer through p2pfed's Transport, acknowledged (over CURVE if keyed)."""
     received: list[dict[str, torch.Tensor]] = []
 
     async def on_message(msg: Message) -> Message | None:
@@ -113,18 +115,20 @@ async def p2pfed_transfer(sd: dict[str, torch.Tensor], repeat: int) -> list[floa
     async def ignore(msg: Message) -> Message | None:
         return None
 
-    receiver = Transport("receiver", on_message)
-    sender = Transport("sender", ignore)
+    keys = security.ephemeral_keys() if keyed else None
+    receiver = Transport("receiver", on_message, keys=keys)
+    sender = Transport("sender", ignore, keys=security.ephemeral_keys() if keyed else None)
     address = receiver.bind("tcp://127.0.0.1:0")
     sender.bind("tcp://127.0.0.1:0")
+    server_key = keys.public if keys else None
     warm = Message("model", "sender", body={"kind": "warmup", "samples": 1, "meta": {}},
                    tensors={"x": torch.zeros(4)})
-    await sender.request(address, warm, 10)
+    await sender.request(address, warm, 10, server_key)
     times = []
     for _ in range(repeat):
         msg = Message("model", "sender", body={"kind": "bench", "samples": 1, "meta": {}}, tensors=sd)
         t0 = time.perf_counter()
-        await sender.request(address, msg, 60)
+        await sender.request(address, msg, 60, server_key)
         times.append(time.perf_counter() - t0)
     out = received[-1]
     assert all(torch.equal(out[k], sd[k]) for k in sd), "received state dict differs"
@@ -142,13 +146,16 @@ def main() -> None:
     raw = statistics.median(raw_tcp(size, args.repeat))
     zmq_plain = statistics.median(plain_zmq(size, args.repeat))
     ours = statistics.median(asyncio.run(p2pfed_transfer(sd, args.repeat)))
+    insecure = statistics.median(asyncio.run(p2pfed_transfer(sd, args.repeat, keyed=False)))
     pickled = statistics.median(plain_zmq(size, args.repeat, pickle_of=sd))
     mb = size / 1e6
     print(f"ResNet-18 state dict: {len(sd)} tensors, {mb:.1f} MB, median of {args.repeat} transfers\n")
-    print(f"{'path':<34}{'MB/s':>10}{'x raw TCP':>12}")
+    print(f"{'path':<36}{'MB/s':>10}{'x raw TCP':>12}")
     for label, secs in [("raw TCP loopback (reference)", raw), ("plain pyzmq PUSH/PULL", zmq_plain),
-                        ("p2pfed model message, acked", ours), ("pickle over pyzmq", pickled)]:
-        print(f"{label:<34}{mb / secs:>10.0f}{raw / secs:>12.2f}")
+                        ("p2pfed model message, CURVE, acked", ours),
+                        ("p2pfed model message, --insecure", insecure), ("pickle over pyzmq", pickled)]:
+        print(f"{label:<36}{mb / secs:>10.0f}{raw / secs:>12.2f}")
+    print(f"\nCURVE keys (the default) cost: {ours / insecure:.2f}x the time of an --insecure transfer")
 
 
 if __name__ == "__main__":

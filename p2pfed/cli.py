@@ -57,6 +57,10 @@ def _member_config(args: argparse.Namespace, section: str) -> NodeConfig:
             setattr(cfg, key, value)
     if args.mesh:
         cfg.mesh.mesh = args.mesh
+    if args.insecure:
+        cfg.mesh.insecure = True
+    if cfg.mesh.insecure and cfg.keys:
+        raise ConfigError("--insecure and --keys exclude each other: keys are what --insecure leaves out")
     cfg.validate("")
     return cfg
 
@@ -75,8 +79,15 @@ def cmd_node(args: argparse.Namespace) -> int:
     from p2pfed.launch.member import run_member
 
     cfg = _member_config(args, "node")
-    if args.coordinator and args.coordinator.startswith("tcp://") and not cfg.join:
-        cfg.join = [args.coordinator]  # join the mesh through the coordinator itself
+    if args.coordinator and args.coordinator.startswith("tcp://"):
+        from p2pfed.net.security import split_ticket
+
+        ticket = args.coordinator
+        args.coordinator, key = split_ticket(ticket)  # followed by its address; its ticket may carry its key
+        if not cfg.join:
+            cfg.join = [ticket]  # join the mesh through the coordinator itself
+            if key is None and not args.join_key:
+                cfg.join_key = "coordinator"  # a coordinator started on this machine: its key is in the key folder
     if not cfg.join and not cfg.discovery:
         raise ConfigError("a node needs --join tcp://HOST:PORT (a bootstrap or any live node) or --discovery")
     method = args.method or (None if args.coordinator else "pfedlia-p2p")
@@ -112,19 +123,23 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def _status_keys(args: argparse.Namespace) -> tuple[Any, bytes | None]:
-    """The CURVE keys of --keys and the public key of the member at --join (--join-key), for a keyed mesh."""
-    import zmq.auth
+    """The keys to ask a mesh with (a closed mesh's from --keys, else a pair of this process's own; none with
+    --insecure) and the public key of the member at --join: from its ticket, else --join-key."""
+    import dataclasses
 
     from p2pfed.net import security
 
-    keys = security.load_keys(Path(args.keys)) if args.keys else None
-    server_key = None
-    if keys:
-        path = Path(args.join_key)
-        server_key = (zmq.auth.load_certificate(str(path))[0] if path.exists()
-                      else keys.server_key_for(args.join_key))
-        if server_key is None:
-            raise ConfigError(f"no public key {args.join_key!r} in {keys.allowed_dir}; pass --join-key FILE")
+    if args.insecure:
+        return None, None
+    keys = security.load_keys(Path(args.keys)) if args.keys else security.ephemeral_keys()
+    _, server_key = security.split_ticket(args.join)
+    if server_key is None:
+        where = keys if args.keys else dataclasses.replace(keys, home=security.default_key_home())
+        server_key = security.resolve_key(args.join_key, where)
+    if server_key is None:
+        raise ConfigError(f"asking {args.join} needs the public key of the member there: pass its ticket, "
+                          f"--join {args.join}/KEY, as it prints at its start (or --join-key KEY or FILE; or "
+                          "--insecure for an insecure mesh)")
     return keys, server_key
 
 
@@ -136,20 +151,24 @@ def cmd_mesh_status(args: argparse.Namespace) -> int:
     keys, server_key = _status_keys(args)
     try:
         reply = asyncio.run(query_status(args.join, mesh=args.mesh or "default", keys=keys,
-                                         server_key=server_key, timeout=args.timeout))
+                                         server_key=server_key, timeout=args.timeout, insecure=args.insecure))
     except DeliveryError as exc:
         print(f"p2pfed: no answer from {args.join}: {exc}", file=sys.stderr)
         return 1
     body = reply.body
+    from p2pfed.net.security import parse_key, ticket
+
     me = {"name": reply.sender, "address": body["address"], "role": body["role"], "state": "alive",
           "age": 0.0, "round": body["round"], "incarnation": body["incarnation"], "pubkey": body["pubkey"]}
-    peers = [me, *body["peers"]]
+    # a member's ticket (address and key) is what joins through it, or asks it
+    peers = [{**p, "ticket": ticket(p["address"], parse_key(p["pubkey"]))} for p in [me, *body["peers"]]]
     if args.json:
         print(json.dumps({"mesh": reply.mesh, "answered_by": reply.sender, "peers": peers}, indent=2))
         return 0
-    rows = [[p["name"], p["address"], p["role"], p["state"], f"{p['age']:.1f}s ago", p["round"]] for p in peers]
+    rows = [[p["name"], p["ticket"], p["role"], p["state"], f"{p['age']:.1f}s ago", p["round"]] for p in peers]
     print(f"mesh {reply.mesh!r} as seen by {reply.sender} ({args.join}):")
-    print(tabulate(rows, headers=["name", "address", "role", "state", "last seen", "round"]))
+    print(tabulate(rows, headers=["name", "ticket (join or ask it with --join TICKET)", "role", "state", "last seen",
+                                  "round"]))
     alive = sum(p["state"] == "alive" for p in peers)
     print(f"{alive} alive of {len(peers)} known")
     return 0
@@ -420,7 +439,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     async def live(stop: asyncio.Event) -> None:
         watcher = MeshWatcher(args.join, mesh=args.mesh or "default", keys=keys, join_key=join_key,
-                              every=args.every)
+                              every=args.every, insecure=args.insecure)
         await watcher.start()
         try:
             await serve(make_app(lambda: watcher.view, local_only=args.host in LOCAL), args.host, args.port, stop,
@@ -442,8 +461,9 @@ def _add_model_commands(sub: Any) -> None:
 
     p = sub.add_parser("predict", help="classify inputs, or score and continue text, with an exported model")
     p.add_argument("model", help="a model file from p2pfed export")
-    p.add_argument("input", nargs="?", help="an .npz of x (and y to score), an .npy, an image or a folder of "
-                                            "images; for a next-token model, a text file (one text a line)")
+    p.add_argument("input", nargs="?", help="an .npz of x (and y to score), an .npy, an image, a folder of images, "
+                                            "or a folder of class folders of images (labels to score); for a "
+                                            "next-token model, a text file (one text a line)")
     p.add_argument("--text", action="append", help="a text for a next-token model (repeatable), instead of a file")
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.add_argument("--show", type=int, default=20, help="rows of the table to print (0: all)")
@@ -451,12 +471,11 @@ def _add_model_commands(sub: Any) -> None:
 
     p = sub.add_parser("dashboard", help="a web page of a live mesh (--join) or of a run folder")
     p.add_argument("run_dir", nargs="?", help="a run folder (p2pfed run --out) or a node's folder, instead of --join")
-    p.add_argument("--join", help="tcp://HOST:PORT of any member of the live mesh")
+    p.add_argument("--join", help="the ticket tcp://HOST:PORT/KEY of any member of the live mesh")
     p.add_argument("--port", type=int, default=8050, help="the page's port (0 picks one)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: for other machines too)")
     p.add_argument("--mesh", help="mesh name (default: default)")
-    p.add_argument("--keys", help="CURVE key folder, for a keyed mesh")
-    p.add_argument("--join-key", dest="join_key", default="bootstrap", help="public key of the member at --join")
+    _add_asking_key_args(p)
     p.add_argument("--every", type=float, default=2.0, help="seconds between looks at the mesh")
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.set_defaults(func=cmd_dashboard)
@@ -466,17 +485,34 @@ def _add_model_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_convert, verbose=0)
 
 
+INSECURE_HELP = ("plain TCP without keys, on every member of the mesh: anyone who can reach a member reads its "
+                 "models and speaks in any member's name (a network where every host is trusted)")
+JOIN_KEY_HELP = ("the public key of the member at --join, when --join is an address without one: 64 hex digits, a "
+                 "NAME.key file, or a member's name whose key file is in the key folder")
+
+
+def _add_asking_key_args(p: argparse.ArgumentParser) -> None:
+    """The key arguments of the commands that ask a mesh without joining it (mesh status, dashboard)."""
+    p.add_argument("--keys", help="a closed mesh's key folder (with allowed/); else a key pair of its own is used")
+    p.add_argument("--join-key", dest="join_key", default="bootstrap", help=JOIN_KEY_HELP)
+    p.add_argument("--insecure", action="store_true", help="ask an --insecure mesh (plain TCP)")
+
+
 def _add_member_args(p: argparse.ArgumentParser, join: bool) -> None:
     p.add_argument("--bind", help="address to listen on, tcp://IP:PORT (port 0 picks one)")
     if join:
-        p.add_argument("--join", action="append", metavar="ADDR",
-                       help="tcp://HOST:PORT of the bootstrap or any live member (repeatable)")
+        p.add_argument("--join", action="append", metavar="TICKET",
+                       help="tcp://HOST:PORT/KEY, the ticket of the bootstrap or of any live member, as it prints at "
+                            "its start (repeatable)")
     p.add_argument("--name", help="this member's name (default: host name; reuse it to rejoin after a restart)")
     p.add_argument("--advertise", help="address peers should dial, when --bind is a wildcard behind NAT")
     p.add_argument("--config", help="TOML file (see node/node.toml, bootstrap/bootstrap.toml)")
     p.add_argument("--mesh", help="mesh name (members of other meshes are refused)")
-    p.add_argument("--keys", help="CURVE key folder from 'p2pfed keys generate' (encrypts and authenticates)")
-    p.add_argument("--join-key", dest="join_key", help="public key (file, or name in the allow-list) of --join")
+    p.add_argument("--keys", help="key folder (default ~/.p2pfed/keys): this member's key pair NAME.key_secret, "
+                                  "made on its first start; a folder from 'p2pfed keys generate' (with allowed/) "
+                                  "makes a closed mesh")
+    p.add_argument("--join-key", dest="join_key", help=JOIN_KEY_HELP)
+    p.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
     p.add_argument("--discovery", help="mqtt://BROKER:PORT/MESH: find peers through an MQTT broker")
     p.add_argument("-v", "--verbose", action="count", default=1)
 
@@ -509,7 +545,7 @@ def _add_member_commands(sub: Any) -> None:
                    help="with --scenario: this node's index (its shard), or several: 0-24 or 0,5,7")
     p.add_argument("--method", help="with --scenario: the method to run (default pfedlia-p2p, or the "
                                     "coordinator's with --coordinator)")
-    p.add_argument("--coordinator", help="train under this coordinator (its name or tcp:// address); "
+    p.add_argument("--coordinator", help="train under this coordinator (its name, or its ticket tcp://HOST:PORT/KEY); "
                                          "the method comes from it")
     p.add_argument("--out", default="runs/node", help="with --scenario: folder for metrics and checkpoints (and "
                                                       "the node's model, for p2pfed export)")
@@ -536,11 +572,10 @@ def _add_tool_commands(sub: Any) -> None:
     p = sub.add_parser("mesh", help="look at a running mesh")
     mesh_sub = p.add_subparsers(dest="mesh_command", required=True)
     ps = mesh_sub.add_parser("status", help="print the peers a mesh knows")
-    ps.add_argument("--join", required=True, help="tcp://HOST:PORT of any member")
+    ps.add_argument("--join", required=True, help="the ticket tcp://HOST:PORT/KEY of any member")
     ps.add_argument("--json", action="store_true", help="print one JSON object")
     ps.add_argument("--mesh", help="mesh name (default: default)")
-    ps.add_argument("--keys", help="CURVE key folder, for a keyed mesh")
-    ps.add_argument("--join-key", dest="join_key", default="bootstrap", help="public key of the member asked")
+    _add_asking_key_args(ps)
     ps.add_argument("--timeout", type=float, default=5.0)
     ps.set_defaults(func=cmd_mesh_status, verbose=0)
 
@@ -569,6 +604,8 @@ def _add_run_commands(sub: Any) -> None:
                    help="run the scenario once per seed (4: seeds 0-3; or 0-3, 0,1,5, 7-7), each into OUT/seed-S, "
                         "and report mean ± standard deviation over every seed in OUT; the same command resumes an "
                         "interrupted run")
+    p.add_argument("--insecure", action="store_true", help="the nodes talk plain TCP without keys (as --set "
+                                                               "mesh.insecure=true): to measure what keys cost")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.set_defaults(func=cmd_run)
@@ -582,6 +619,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the p2pfed command."""
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    if getattr(args, "insecure", False):
+        print(f"p2pfed: WARNING: --insecure: {INSECURE_HELP}", file=sys.stderr)
+        if args.command == "run":
+            args.overrides.append("mesh.insecure=true")
     try:
         return int(args.func(args))
     except (ConfigError, ValueError, FileNotFoundError, FileExistsError, OSError) as exc:

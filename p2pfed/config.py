@@ -35,6 +35,7 @@ class MeshConfig:
     request_timeout: float = 30.0
     max_message_mb: int = 1024
     join_give_up: float = 300.0  # seconds without an answer to its hellos before a member stops trying
+    insecure: bool = False  # plain TCP, names trusted on their word (every member must agree): trusted networks only
 
     def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:
         """The options of an endpoint of this mesh: its membership timing and its transport's message cap."""
@@ -43,7 +44,7 @@ class MeshConfig:
 
         return (MeshOptions(mesh=self.mesh, heartbeat=self.heartbeat, suspect_after=self.suspect_after,
                             dead_after=self.dead_after, request_timeout=self.request_timeout,
-                            join_give_up=self.join_give_up),
+                            join_give_up=self.join_give_up, insecure=self.insecure),
                 TransportOptions(max_message_bytes=self.max_message_mb << 20))
 
     def validate(self, where: str) -> None:

@@ -24,6 +24,15 @@ from p2pfed.net.transport import Transport
 from p2pfed.wire import Message
 
 
+@pytest.fixture(autouse=True)
+def key_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Members started by a test (in this process or as `p2pfed` processes, which inherit the environment) keep
+    their key pairs in a folder of the test's own, never in the home folder of whoever runs the tests."""
+    home = tmp_path_factory.mktemp("p2pfed-home")
+    monkeypatch.setenv("P2PFED_HOME", str(home))
+    return home / "keys"
+
+
 def destroy(transport: Transport) -> None:
     """Close every socket of a transport's context at once, without waiting (safe after close())."""
     if transport.auth is not None:

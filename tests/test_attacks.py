@@ -1,7 +1,9 @@
 """Well-formed hostile messages and floods over real sockets: none stops a member, a node or a mesh.
 
-Each test is one attack that worked against the mesh before it was hardened (the issue "Hardening"): a
-rogue transport, which is not a member, sends what a member could send, and the members must go on.
+Each test is one attack that worked against the mesh before it was hardened: a rogue, which is not a member
+but holds a key pair of its own (on an open mesh anyone may make one), sends what a member could send, in
+its own name or in a member's, and the members must go on as if it had said nothing. The mesh is the
+default one: keys, names bound to the key that first spoke for them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from p2pfed.launch.runner import prepare_data
+from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE, SUSPECT
 from p2pfed.net.transport import DeliveryError, Transport, TransportOptions
@@ -50,10 +53,45 @@ def unchecked_sending(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("p2pfed.net.transport.encode", forge)
 
 
-def identity(transport: Transport, **changes: Any) -> dict[str, Any]:
-    """A member's identity as the rogue claims it (its own address unless changed)."""
-    return {"address": transport.address, "role": "node", "incarnation": time.time_ns(), "pubkey": "", "round": 0,
-            "heartbeat": 0.1, **changes}
+class Rogue:
+    """A sender that is no member: a transport with a key pair of its own, sending to members by their keys."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.address = transport.address
+        assert transport.keys is not None
+        self.keys = transport.keys
+
+    async def request(self, member: Endpoint, msg: Message, timeout: float = 5) -> Message:
+        assert member.keys is not None
+        return await self.transport.request(member.address, msg, timeout, member.keys.public)
+
+    def send_nowait(self, member: Endpoint, msg: Message) -> bool:
+        assert member.keys is not None
+        return self.transport.send_nowait(member.address, msg, member.keys.public)
+
+
+def rogue_of(transports: Transports, name: str = "mallory") -> Rogue:
+    return Rogue(transports(name, keys=security.ephemeral_keys()))
+
+
+def raw_dealer(ctx: zmq.asyncio.Context | zmq.Context[Any], member: Endpoint, keys: security.Keys | None = None
+               ) -> Any:
+    """A plain libzmq DEALER with keys (a pair of its own unless given), connected to member (blocking sends)."""
+    assert member.keys is not None
+    keys = keys or security.ephemeral_keys()
+    sock = ctx.socket(zmq.DEALER)
+    sock.curve_publickey, sock.curve_secretkey = keys.public, keys.secret
+    sock.curve_serverkey = member.keys.public
+    sock.connect(member.address)
+    return sock
+
+
+def identity(rogue: Rogue | Endpoint, **changes: Any) -> dict[str, Any]:
+    """A member's identity as the rogue claims it (its own address and key unless changed)."""
+    assert rogue.keys is not None
+    return {"address": rogue.address, "role": "node", "incarnation": time.time_ns(),
+            "pubkey": rogue.keys.public.decode(), "round": 0, "heartbeat": 0.1, **changes}
 
 
 def states(e: Endpoint) -> dict[str, str]:
@@ -73,7 +111,7 @@ async def mesh(members: Members, n: int, options: MeshOptions = FAST) -> tuple[E
     await boot.start("tcp://127.0.0.1:0")
     nodes = [members(f"n{i}", options=options) for i in range(n)]
     for node in nodes:
-        await node.start("tcp://127.0.0.1:0", [boot.address])
+        await node.start("tcp://127.0.0.1:0", [boot.ticket])
     await wait_until(lambda: all(states(x).get(y.name) == ALIVE for x in [boot, *nodes] for y in [boot, *nodes]
                                  if x is not y), what="the mesh to form")
     return boot, nodes
@@ -84,14 +122,14 @@ async def mesh(members: Members, n: int, options: MeshOptions = FAST) -> tuple[E
 async def test_a_bad_address_in_a_hello_or_gossip_is_refused_and_heartbeats_go_on(
         members: Members, transports: Transports) -> None:
     boot, (n0,) = await mesh(members, 1)
-    rogue = transports("mallory")
+    rogue = rogue_of(transports)
     with pytest.raises(DeliveryError, match=r"address must be tcp://HOST:PORT \(got 'garbage'\)"):
-        await rogue.request(boot.address, Message("hello", "mallory", body=identity(rogue, address="garbage")), 5)
+        await rogue.request(boot, Message("hello", "mallory", body=identity(rogue, address="garbage")), 5)
     entry = {"name": "ghost", "address": "tcp://no port", "role": "node", "incarnation": 1, "pubkey": "",
              "state": "alive", "age": 0.0, "round": 0}
-    rogue.send_nowait(boot.address, Message("gossip", "mallory", body={**identity(rogue), "peers": [entry]}))
+    rogue.send_nowait(boot, Message("gossip", "mallory", body={**identity(rogue), "peers": [entry]}))
     late = members("n1", options=FAST)  # joins after the attack: the bootstrap must still serve and heartbeat
-    await late.start("tcp://127.0.0.1:0", [boot.address])
+    await late.start("tcp://127.0.0.1:0", [boot.ticket])
     await late.wait_joined(5)
     await wait_until(lambda: states(late).get("n0") == ALIVE and states(boot).get("n1") == ALIVE, what="n1 in")
     await stays(lambda: states(late)["bootstrap"] == ALIVE and states(n0)["bootstrap"] == ALIVE, 1.5,
@@ -119,12 +157,11 @@ async def test_a_flood_of_made_up_members_is_capped(members: Members, transports
     target = members("target", options=options, transport_options=TransportOptions(max_dealers=32))
     await target.start("tcp://127.0.0.1:0")
     friend = members("friend", options=FAST)
-    await friend.start("tcp://127.0.0.1:0", [target.address])
+    await friend.start("tcp://127.0.0.1:0", [target.ticket])
     await wait_until(lambda: states(target).get("friend") == ALIVE, what="friend alive")
-    rogue = transports("mallory")
+    rogue = rogue_of(transports)
     ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.DEALER)  # blocking sends: every one of the made-up heartbeats arrives
-    sock.connect(target.address)
+    sock = raw_dealer(ctx, target, rogue.keys)  # blocking sends: every one of the made-up heartbeats arrives
     try:
         for i in range(300):  # ~1,100 of these exhausted libzmq's sockets and ended the heartbeat task
             body = identity(rogue, address=f"tcp://127.0.0.1:{20000 + i}")
@@ -145,41 +182,66 @@ async def test_a_flood_of_made_up_members_is_capped(members: Members, transports
     assert friend.peers.peers["target"].last_seen > heard, "no heartbeat of the target in a second"
     # the made-up members fall silent and die; a real newcomer then finds room
     newcomer = members("newcomer", options=FAST)
-    await newcomer.start("tcp://127.0.0.1:0", [target.address])
+    await newcomer.start("tcp://127.0.0.1:0", [target.ticket])
     await newcomer.wait_joined(10)
     await wait_until(lambda: states(target).get("newcomer") == ALIVE, what="the newcomer in")
 
 
 async def test_a_heartbeat_period_out_of_bounds_is_refused(members: Members, transports: Transports) -> None:
     boot, _ = await mesh(members, 0)
-    rogue = transports("mallory")
+    rogue = rogue_of(transports)
     with pytest.raises(DeliveryError, match=r"heartbeat must be in \[0.01, 60\] \(got 1e\+300\)"):
-        await rogue.request(boot.address, Message("hello", "mallory", body=identity(rogue, heartbeat=1e300)), 5)
+        await rogue.request(boot, Message("hello", "mallory", body=identity(rogue, heartbeat=1e300)), 5)
     assert "mallory" not in states(boot)
 
 
 async def test_a_live_members_name_cannot_be_taken_by_a_newer_incarnation(members: Members,
                                                                           transports: Transports) -> None:
     boot, (n0,) = await mesh(members, 1)
-    rogue = transports("mallory")
+    rogue = rogue_of(transports)
     claim = identity(rogue, incarnation=n0.incarnation + 60 * 10**9)  # "restarted" elsewhere a minute on
-    with pytest.raises(DeliveryError, match=r"n0 is alive at tcp://127\.0\.0\.1:\d+"):
-        await rogue.request(boot.address, Message("hello", "n0", body=claim), 5)
-    with pytest.raises(DeliveryError, match="future"):
-        await rogue.request(boot.address, Message("hello", "n0", body={**claim, "incarnation": 2**62}), 5)
+    with pytest.raises(DeliveryError, match="n0 is bound to another key"):
+        await rogue.request(boot, Message("hello", "n0", body=claim), 5)
+    with pytest.raises(DeliveryError, match="n0 is bound to another key"):
+        await rogue.request(boot, Message("hello", "n0", body={**claim, "incarnation": 2**62}), 5)
     await stays(lambda: boot.peers.peers["n0"].address == n0.address and states(boot)["n0"] == ALIVE, 0.5,
                 "n0's entry was taken")
+
+
+async def test_heartbeats_forging_a_members_address_and_a_future_incarnation_evict_nobody(
+        members: Members, transports: Transports) -> None:
+    """The issue's attack 3: heartbeats in a's name, from a's address, with an incarnation 590 s ahead, made every
+    member log 'a restarted and rejoined', then 'a is dead', and keep it dead while the real a ran."""
+    boot, (a, b) = await mesh(members, 2)
+    changes: list[tuple[str, str | None, str]] = []
+    for m in (boot, b):
+        m.on_change.append(lambda c, m=m: changes.append((m.name, c.old, c.new)) if c.name == "n0" else None)
+    rogue = rogue_of(transports)
+    forged = {**identity(rogue), "address": a.address, "incarnation": a.incarnation + 590 * 10**9}
+    refused = 0
+    for _ in range(20):
+        for m in (boot, b):
+            rogue.send_nowait(m, Message("heartbeat", "n0", body=forged))
+        try:
+            await rogue.request(b, Message("hello", "n0", body=forged), 2)
+        except DeliveryError as exc:
+            refused += "n0 is bound to another key" in str(exc)
+        await asyncio.sleep(0.05)
+    assert refused == 20
+    await stays(lambda: states(boot)["n0"] == ALIVE and states(b)["n0"] == ALIVE, 1.0, "a was evicted")
+    assert not changes, changes
+    assert boot.peers.peers["n0"].incarnation == a.incarnation == b.peers.peers["n0"].incarnation
 
 
 async def test_refusals_echo_little_and_are_rate_limited(members: Members, transports: Transports,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     boot, _ = await mesh(members, 0)
-    rogue = transports("mallory")
+    rogue = rogue_of(transports)
     body = {"kind": "model", "samples": 1, "meta": {}, "x" * 1_000_000: 1}  # a 1 MB key, echoed before
     with caplog.at_level(logging.INFO, logger="p2pfed"):
         for _ in range(30):
             with pytest.raises(DeliveryError):
-                await rogue.request(boot.address, Message("model", "mallory", body=body), 5)
+                await rogue.request(boot, Message("model", "mallory", body=body), 5)
     lines = [r.getMessage() for r in caplog.records if "mallory" in r.getMessage()]
     assert 1 <= len(lines) <= 5, len(lines)  # a few lines per sender and window, not one per message
     assert sum(len(line) for line in lines) < 5 * 600
@@ -192,9 +254,8 @@ async def test_a_flood_does_not_stop_a_members_heartbeats(members: Members) -> N
 
     def flood() -> None:  # from another thread, as from another process: the target's loop gets no say
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
+        sock = raw_dealer(ctx, target)
         sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.connect(target.address)
         for _ in range(13_000):  # drained without a pause, such a burst held a member's loop for 1.3 s
             sock.send_multipart(frames)
         time.sleep(1.0)
@@ -244,40 +305,87 @@ def model(sender: str, rnd: int, state: dict[str, torch.Tensor], kind: str = "mo
     return Message("model", sender, round=rnd, body={"kind": kind, "samples": 5, "meta": {}}, tensors=state)
 
 
-async def test_forged_and_unexpected_models_are_refused_and_the_inbox_stays_bounded(
-        tmp_path: Path, members: Members, transports: Transports) -> None:
+async def pair(tmp_path: Path, members: Members, method: str = "fedavg-p2p") -> tuple[LearningNode, Endpoint]:
+    """The target n00, a learning node, and a live member n1 (the endpoint) it takes models from."""
     s = scenario(tmp_path)
     dataset, partition = prepare_data(s)
     boot, _ = await mesh(members, 0)
     honest = members("n1", options=FAST)  # a live peer the target averages with (fedavg: every live peer)
-    await honest.start("tcp://127.0.0.1:0", [boot.address])
+    await honest.start("tcp://127.0.0.1:0", [boot.ticket])
     endpoint = members("n00", options=FAST)
-    await endpoint.start("tcp://127.0.0.1:0", [boot.address])
-    node = LearningNode(s, 0, "fedavg-p2p", dataset, partition, endpoint, tmp_path)
-    await wait_until(lambda: states(endpoint).get("n1") == ALIVE, what="n1 known")
-    rogue = transports("mallory")
+    await endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
+    node = LearningNode(s, 0, method, dataset, partition, endpoint, tmp_path)
+    await wait_until(lambda: states(endpoint).get("n1") == ALIVE and states(honest).get("n00") == ALIVE,
+                     what="n1 and n00 known to each other")
+    return node, honest
+
+
+async def test_models_forged_in_a_members_name_are_refused_and_its_own_are_taken(
+        tmp_path: Path, members: Members, transports: Transports) -> None:
+    """The issue's attack 1: models of every weight 3.0 sent as n01 for the next 9 rounds were all acknowledged,
+    and n01's real models then refused as duplicates (100 -> 38.5 % accuracy)."""
+    node, honest = await pair(tmp_path, members)
+    rogue = rogue_of(transports)
+    forged = {k: torch.full_like(v, 3.0) for k, v in node.current_state().items()}
+    for rnd in range(9):
+        with pytest.raises(DeliveryError, match="model as n1 refused: n1 is another key than the one it is bound"):
+            await rogue.request(node.endpoint, model("n1", rnd, forged))
+    assert not node.inbox
+    state = {k: v + 1.0 for k, v in node.current_state().items()}
+    for rnd in range(9):  # the real n1's models of the same rounds: every one taken
+        await honest.request("n00", model("n1", rnd, state), 5)
+    assert sorted(r for (_, r) in node.inbox) == list(range(9))
+    assert all(torch.equal(node.inbox["model", 3]["n1"]["state"][k], v) for k, v in state.items())
+    # n1's own second copy of a round is acknowledged (never a refusal), the first kept
+    await honest.request("n00", model("n1", 3, forged), 5)
+    assert all(torch.equal(node.inbox["model", 3]["n1"]["state"][k], v) for k, v in state.items())
+
+
+async def test_unexpected_models_are_refused_and_the_inbox_stays_bounded(
+        tmp_path: Path, members: Members, transports: Transports) -> None:
+    node, honest = await pair(tmp_path, members)
     state = node.current_state()
     refused = 0
-    for rnd in range(10, 30):  # "n1"'s models for future rounds: they were all kept, and used when due
+    for rnd in range(10, 30):  # n1's models for far rounds: keeping them would let a peer fill the inbox
         try:
-            await rogue.request(endpoint.address, model("n1", rnd, state), 5)
+            await honest.request("n00", model("n1", rnd, state), 5)
         except DeliveryError as exc:
             refused += "beyond this node's rounds 0..8" in str(exc)
     assert refused == 20
     with pytest.raises(DeliveryError, match="does not expect a w0 from n1"):
-        await rogue.request(endpoint.address, model("n1", 0, state, kind="w0"), 5)
-    with pytest.raises(DeliveryError, match="does not expect a model from stranger"):
-        await rogue.request(endpoint.address, model("stranger", 0, state), 5)
-    await rogue.request(endpoint.address, model("n1", 1, state), 5)  # one per sender and round is taken...
-    with pytest.raises(DeliveryError, match="already has n1's model of round 1"):
-        await rogue.request(endpoint.address, model("n1", 1, state), 5)  # ... and only one
-    sent = [rogue.request(endpoint.address, model("n1", 0, state, kind="w0"), 10) for _ in range(2000)]
+        await honest.request("n00", model("n1", 0, state, kind="w0"), 5)
+    rogue = rogue_of(transports)
+    with pytest.raises(DeliveryError, match="model as stranger refused: stranger is a member this member does not"):
+        await rogue.request(node.endpoint, model("stranger", 0, state), 5)
+    await honest.request("n00", model("n1", 1, state), 5)
+    sent = [honest.request("n00", model("n1", 0, state, kind="w0"), 5) for _ in range(300)]
     await asyncio.gather(*sent, return_exceptions=True)  # 10,000 of these grew a target by 143 MB
     assert sum(len(v) for v in node.inbox.values()) == 1
 
 
-async def test_one_heartbeat_claiming_a_huge_round_does_not_make_nodes_skip(
+async def test_a_choices_note_forged_in_a_members_name_is_refused(
         tmp_path: Path, members: Members, transports: Transports) -> None:
+    """The issue's attack 4: nine empty 'choices' notes as n01 to n00 made both wait out every round's deadline
+    (n00 stopped sending to n01, which still waited for it)."""
+    node, honest = await pair(tmp_path, members, "pfedlia-p2p")
+    node.method.choosers.add("n1")  # n1 chose n00: n00 sends it its models
+    rogue = rogue_of(transports)
+    for rnd in range(9):
+        note = Message("note", "n1", round=rnd, body={"kind": "choices", "names": [], "values": [], "meta": {}})
+        with pytest.raises(DeliveryError, match="note as n1 refused: n1 is another key"):
+            await rogue.request(node.endpoint, note)
+    assert node.method.choosers == {"n1"} and not node.inbox
+    # n1's own word does count: it chose nobody, so n00 sends it nothing (and waits for nothing it would not send)
+    await honest.request("n00", Message("note", "n1", round=0, body={"kind": "choices", "names": [], "values": [],
+                                                                     "meta": {}}), 5)
+    assert node.method.choosers == set()
+
+
+@pytest.mark.parametrize("claimer", ["mallory", "n01"])
+async def test_one_heartbeat_claiming_a_huge_round_does_not_make_nodes_skip(
+        tmp_path: Path, members: Members, transports: Transports, claimer: str) -> None:
+    """In its own name (a member of its own, which the nodes then wait for) or as n01 (the issue's attack 2: n01's
+    address and incarnation, round 2^31 - 1; the pair jumped from round 9 to 29)."""
     s = scenario(tmp_path, rounds=5, timeout=1.0)  # the rogue never sends a model: each round waits 1 s for it
     dataset, partition = prepare_data(s)
     boot = members("bootstrap", "bootstrap", options=FAST)
@@ -285,24 +393,32 @@ async def test_one_heartbeat_claiming_a_huge_round_does_not_make_nodes_skip(
     nodes = []
     for i in range(3):
         endpoint = members(s.node_name(i), options=FAST)
-        await endpoint.start("tcp://127.0.0.1:0", [boot.address])
+        await endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
         nodes.append(LearningNode(s, i, "fedavg-p2p", dataset, partition, endpoint, tmp_path))
     await wait_until(lambda: all(len(n.live_peers()) == 2 for n in nodes), what="the mesh to form")
-    rogue = transports("mallory")
+    rogue = rogue_of(transports)
+
+    n01 = nodes[1].endpoint
 
     async def claim_huge_round() -> None:
         while True:  # a live "node" that says it is at round 2^31 - 1
             for n in nodes:
                 body = identity(rogue, round=2**31 - 1)
-                rogue.send_nowait(n.endpoint.address, Message("heartbeat", "mallory", round=2**31 - 1, body=body))
+                if claimer == "n01":
+                    body.update(address=n01.address, incarnation=n01.incarnation)
+                rogue.send_nowait(n.endpoint, Message("heartbeat", claimer, round=2**31 - 1, body=body))
             await asyncio.sleep(0.05)
 
-    claimer = asyncio.ensure_future(claim_huge_round())
+    claiming = asyncio.ensure_future(claim_huge_round())
     try:
-        await wait_until(lambda: all("mallory" in n.live_peers() for n in nodes), what="mallory known")
+        if claimer == "mallory":
+            await wait_until(lambda: all("mallory" in n.live_peers() for n in nodes), what="mallory known")
+        else:
+            await asyncio.sleep(0.5)
+            assert all(n.endpoint.peers.peers["n01"].round == 0 for n in (nodes[0], nodes[2]))
         await asyncio.wait_for(asyncio.gather(*(n.run() for n in nodes)), 60)
     finally:
-        claimer.cancel()
+        claiming.cancel()
     for n in nodes:
         records = [json.loads(line) for line in (tmp_path / f"{n.name}.jsonl").read_text().splitlines()]
         assert [r["round"] for r in records if r["event"] == "round"] == list(range(5)), n.name
@@ -336,6 +452,6 @@ def test_the_catch_up_needs_a_quorum_of_the_peers_a_node_averages_with() -> None
     assert target({"a": 2**31 - 1, "b": 3, "c": 3}) == 3  # one peer's word is not enough
     assert target({"a": 2**31 - 1, "b": 2**31 - 1, "c": 3}) == 99  # two of three: but never past the last round
     assert target({"a": 9, "b": 9}) == 9 and target({"a": 9, "b": 4}) == 3  # both of two
-    assert target({"a": 9}) == 9  # the only peer it averages with: it follows that one
+    assert target({"a": 9}) == 3  # one member's word alone moves nobody, even the only peer it averages with
     assert target({"a": 4}) == 3  # one round ahead is not a straggler yet
     assert target({}) == 3

@@ -37,7 +37,7 @@ def test_bootstrap_nodes_and_mesh_status_as_separate_processes(tmp_path: Path) -
         stop(procs[2], sig=signal.SIGKILL)
         wait_for(lambda: peer_states(status(boot)).get("bob") == "dead", 30, "bob to be noticed dead")
         # bob restarts with the same name and rejoins through alice, not the bootstrap
-        alice = next(p["address"] for p in doc["peers"] if p["name"] == "alice")
+        alice = next(p["ticket"] for p in doc["peers"] if p["name"] == "alice")  # its address and key
         procs.append(p2pfed("node", "--join", alice, "--bind", "tcp://127.0.0.1:0", "--name", "bob",
                             log=tmp_path / "bob2.log"))
         wait_for(lambda: peer_states(status(boot)).get("bob") == "alive", 30, "bob to rejoin")
@@ -47,8 +47,11 @@ def test_bootstrap_nodes_and_mesh_status_as_separate_processes(tmp_path: Path) -
 
 
 def test_status_of_nothing_fails_clearly() -> None:
-    res = run("mesh", "status", "--join", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5")
+    nobody = f"tcp://127.0.0.1:{free_port()}"
+    res = run("mesh", "status", "--join", f"{nobody}/{'ab' * 32}", "--timeout", "0.5")
     assert res.returncode == 1 and "no answer" in res.stderr
+    res = run("mesh", "status", "--join", nobody)  # no key, and no member called bootstrap started here
+    assert res.returncode == 2 and f"pass its ticket, --join {nobody}/KEY" in res.stderr
 
 
 def test_keys_generate_refuses_to_overwrite(tmp_path: Path) -> None:

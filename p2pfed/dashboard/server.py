@@ -3,7 +3,8 @@
 The watcher asks the member at the join address for its status (the members it knows, with state, role,
 round and last seen), then each learning member for its own status, whose LEARNING part tells its curve, its
 choice of peers and its scores (wire/messages.py). It reads only what members already tell anyone who may
-talk to the mesh: in a keyed mesh it needs keys like any member. Every reply passes the wire's checks.
+talk to the mesh, over CURVE like any member (a key pair of its own, or a closed mesh's allowed one; none if
+insecure), dialing each member with the key the mesh knows it by. Every reply passes the wire's checks.
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from p2pfed.dashboard.view import live_view
 from p2pfed.net import security
+from p2pfed.net.throttle import LogLimiter
 from p2pfed.net.transport import DeliveryError, Transport
 from p2pfed.wire import Message, WireError
 from p2pfed.wire.messages import cut
 
 log = logging.getLogger(__name__)
+# What aiohttp's server logs of the requests it serves (it writes to "aiohttp.server" unless told otherwise):
+# a logger of ours, so that the filter serve() puts on it touches no other aiohttp server in the process.
+http_log = logging.getLogger(f"{__name__}.http")
 
 LEARNING_ROLES = ("node", "coordinator")
 
@@ -34,8 +40,15 @@ class MeshWatcher:
 
     def __init__(self, join: str, *, mesh: str = "default", keys: security.Keys | None = None,
                  join_key: bytes | None = None, every: float = 2.0, timeout: float = 3.0,
-                 parallel: int = 16) -> None:
-        self.join, self.mesh, self.keys, self.join_key = join, mesh, keys, join_key
+                 parallel: int = 16, insecure: bool = False) -> None:
+        address, in_ticket = security.split_ticket(join)
+        if not insecure:
+            keys = keys or security.ephemeral_keys()
+            join_key = join_key or in_ticket
+            if join_key is None:
+                raise ValueError(f"watching {address} needs the public key of the member there: pass its ticket "
+                                 f"{address}/KEY (printed at its start), or --join-key")
+        self.join, self.mesh, self.keys, self.join_key = address, mesh, None if insecure else keys, join_key
         self.every, self.timeout = every, timeout
         self.parallel = asyncio.Semaphore(parallel)
         self.learning: dict[str, dict[str, Any]] = {}
@@ -75,7 +88,7 @@ class MeshWatcher:
         if "learning" in body:
             self.learning[reply.sender] = body["learning"]
         asked = [p for p in peers[1:] if p["role"] in LEARNING_ROLES and p["state"] in ("alive", "suspect")]
-        answers = await asyncio.gather(*(self._status(p["address"], self._key_of(p["name"])) for p in asked),
+        answers = await asyncio.gather(*(self._status(p["address"], self._key_of(p)) for p in asked),
                                        return_exceptions=True)
         for peer, answer in zip(asked, answers, strict=True):
             if isinstance(answer, Message) and answer.sender == peer["name"]:
@@ -87,8 +100,13 @@ class MeshWatcher:
         self.view = {**live_view(self.join, peers, self.learning), "error": "", "updated": time.time()}
         return self.view
 
-    def _key_of(self, name: str) -> bytes | None:
-        return self.keys.key_of(name) if self.keys else None
+    def _key_of(self, peer: dict[str, Any]) -> bytes | None:
+        """The key to dial a member with: its allowed key (closed mesh), else the key the mesh knows it by."""
+        if self.keys is None:
+            return None
+        if self.keys.closed:
+            return self.keys.key_of(peer["name"])
+        return peer["pubkey"].encode() if peer.get("pubkey") else None
 
     async def _loop(self) -> None:
         while True:
@@ -132,17 +150,42 @@ def make_app(view: Callable[[], dict[str, Any]], local_only: bool = True) -> web
     return app
 
 
+class BadRequestLog(logging.Filter):
+    """Turns each request aiohttp could not parse (the client's fault: a request line over its 8190-byte limit,
+    a malformed header) from a traceback of some 700 bytes into one short line, at most a few per client and
+    window: a flood of such requests must not fill the disk. Other errors (a fault of ours) pass unchanged."""
+
+    def __init__(self, limiter: LogLimiter) -> None:
+        super().__init__()
+        self.limiter = limiter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a bad request (told through the limiter instead), True for anything else."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True  # a handler's exception: its traceback is what finds the bug
+        # aiohttp's line is "Error handling request from %s" with the client's address
+        remote = str(record.args[0]) if isinstance(record.args, tuple) and record.args else "unknown"
+        # a warning at most: aiohttp logs it as an error, but the fault is the client's, not ours
+        self.limiter.emit(min(record.levelno, logging.WARNING), remote, "dashboard: refused a bad request from %s: %s",
+                          remote, cut(exc.message, 120))
+        return False
+
+
 async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event,
                 started: Callable[[str], None] | None = None) -> None:
     """Serve app on host:port until stop is set; started(url) once it listens."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    bad_requests = BadRequestLog(LogLimiter(log, per_key=5, total=20))
+    http_log.addFilter(bad_requests)
+    runner = web.AppRunner(app, access_log=None, logger=http_log)
     try:
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port  # the port picked, for --port 0
         if started is not None:
             started(f"http://{host}:{bound}/")
         await stop.wait()
     finally:
         await runner.cleanup()
+        http_log.removeFilter(bad_requests)

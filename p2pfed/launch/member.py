@@ -29,16 +29,19 @@ JOIN_WAIT = 60.0  # seconds a learning node or coordinator waits to be welcomed 
 def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario, method: str | None) -> None:
     """Take the scenario's mesh settings (timing, message size cap): every member of a scenario's mesh must
     agree on them. The mesh name stays the one given, else it is the scenario's and method's."""
+    insecure = cfg.mesh.insecure or scenario.mesh.insecure  # asked for on the command line, or by the scenario
     if cfg.mesh.mesh != "default" or method is None:
-        cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh)
+        cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh, insecure=insecure)
     else:
-        cfg.mesh = scenario.mesh_for(method)
+        cfg.mesh = dataclasses.replace(scenario.mesh_for(method), insecure=insecure)
 
 
 def make_endpoint(cfg: NodeConfig, role: str) -> Endpoint:
     """Build (not start) the endpoint a configuration describes."""
     name = cfg.name or ("bootstrap" if role == "bootstrap" else socket.gethostname())
-    keys = security.load_keys(Path(cfg.keys).expanduser()) if cfg.keys else None
+    keys = None
+    if not cfg.mesh.insecure:  # the default: this member's own key pair, made on its first start
+        keys = security.member_keys(Path(cfg.keys).expanduser() if cfg.keys else security.default_key_home(), name)
     options, transport = cfg.mesh.endpoint_options()
     return Endpoint(name, role, options=options, keys=keys, join_key=cfg.join_key or None,
                     transport_options=transport)

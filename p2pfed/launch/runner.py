@@ -28,6 +28,7 @@ from p2pfed.coordinator.server import Coordinator
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.methods import MOVED, is_central, load_checked
+from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
 from p2pfed.node.learner import LearningNode
@@ -43,13 +44,21 @@ def mesh_options(scenario: Scenario, method: str) -> MeshOptions:
     return scenario.mesh_for(method).endpoint_options()[0]
 
 
-def member(scenario: Scenario, method: str, name: str, role: str = "node", recipe: str = "") -> Endpoint:
-    """An endpoint (not started) of the scenario's mesh for this method, with its timing and message cap, and
-    the recipe it advertises (none for a bootstrap)."""
+def member(scenario: Scenario, method: str, name: str, out: Path, role: str = "node", recipe: str = "") -> Endpoint:
+    """An endpoint (not started) of the scenario's mesh for this method, with its timing and message cap, the
+    recipe it advertises (none for a bootstrap), and its key pair from the run folder (a restarted node is
+    still itself), unless the scenario's mesh is insecure."""
     options, transport = scenario.mesh_for(method).endpoint_options()
-    endpoint = Endpoint(name, role, options=options, transport_options=transport)
+    keys = None if options.insecure else security.member_keys(keys_folder(out), name)
+    endpoint = Endpoint(name, role, options=options, keys=keys, transport_options=transport)
     endpoint.recipe = recipe
     return endpoint
+
+
+def keys_folder(out: Path) -> Path:
+    """Where a run's members keep their key pairs: a hidden folder of the method's run folder, so that sharing
+    a run's results (summary.json, the records) shares no secret."""
+    return out / ".keys"
 
 
 def make_node(scenario: Scenario, index: int, method: str | None, dataset: Dataset, partition: Partition,
@@ -107,14 +116,15 @@ class InProcessMesh:
         self.run = MethodRun(method)
 
     async def start(self) -> None:
-        self.boot = member(self.scenario, self.method, "bootstrap", "bootstrap")
+        self.boot = member(self.scenario, self.method, "bootstrap", self.out, "bootstrap")
         await self.boot.start("tcp://127.0.0.1:0")
 
     async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0) -> None:
         assert self.boot is not None
         name = self.scenario.node_name(index)
-        endpoint = member(self.scenario, self.method, name, recipe=recipe_of(self.scenario, self.method, self.dataset))
-        await endpoint.start("tcp://127.0.0.1:0", [self.boot.address])
+        endpoint = member(self.scenario, self.method, name, self.out,
+                          recipe=recipe_of(self.scenario, self.method, self.dataset))
+        await endpoint.start("tcp://127.0.0.1:0", [self.boot.ticket])
         await endpoint.wait_joined(30)
         node = make_node(self.scenario, index, self.method, self.dataset, self.partition, endpoint, self.out)
         self.nodes[index] = node
@@ -174,10 +184,11 @@ class ProcessMesh(InProcessMesh):
         assert self.boot is not None
         first = self.scenario.node_name(indices[0])
         log_path = self.out / (f"{first}.log" if len(indices) == 1 else f"{first}-group.log")
-        cmd = [sys.executable, "-m", "p2pfed", "node", "--join", self.boot.address, "--bind", "tcp://127.0.0.1:0",
+        cmd = [sys.executable, "-m", "p2pfed", "node", "--join", self.boot.ticket, "--bind", "tcp://127.0.0.1:0",
                "--scenario", str(Path(self.scenario.path).resolve()), "--index", ",".join(map(str, indices)),
                "--method", self.method, "--out", str(self.out), "--start-round", str(start_round),
-               "--wait-for", str(wait_for), "--mesh", self.options.mesh]
+               "--wait-for", str(wait_for), "--mesh", self.options.mesh,
+               *(["--insecure"] if self.options.insecure else ["--keys", str(keys_folder(self.out))])]
         delay = max(self.delays.get(i, 0.0) for i in indices)
         if delay:
             cmd += ["--send-delay", str(delay)]
@@ -266,9 +277,9 @@ class Script:
 async def _start_coordinator(mesh: InProcessMesh, wait_for: int) -> tuple[Coordinator, asyncio.Task[None]]:
     """A coordinated method's coordinator, joined to the mesh and running."""
     assert mesh.boot is not None
-    endpoint = member(mesh.scenario, mesh.method, "coordinator", "coordinator",
+    endpoint = member(mesh.scenario, mesh.method, "coordinator", mesh.out, "coordinator",
                       recipe_of(mesh.scenario, mesh.method, mesh.dataset))
-    await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.address])
+    await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.ticket])
     await endpoint.wait_joined(30)
     coordinator = Coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
     task = asyncio.get_running_loop().create_task(coordinator.run(wait_for=wait_for), name="coordinator")

@@ -6,6 +6,11 @@ a few random live peers each period, so a new member reaches everyone within a f
 one is suspected after ``suspect_after`` and dead after ``dead_after`` heartbeat periods. All of this runs
 on the event loop; the learning code runs in worker threads and never delays a heartbeat.
 
+Every member has a CURVE key pair unless it runs ``insecure`` (a warning says what that gives away): all
+traffic is encrypted, every message carries its sender's key, and a name is bound to the key that first
+spoke for it (an open mesh, net/membership.py) or to its allow-listed key (a closed mesh,
+net/security.py). A member is joined through its ticket, ``tcp://HOST:PORT/KEY``.
+
 No message about one peer may stop a member: contact the peer table refuses (a live member's name taken
 from elsewhere, more than ``max_peers`` members) is refused with a log line, a peer whose address cannot be
 dialled is dropped, and the heartbeat loop survives any error of one period. A join that the other side
@@ -23,11 +28,8 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
-
-import zmq.auth
 
 from p2pfed.net import security
 from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
@@ -55,6 +57,10 @@ class MeshOptions:
     join_give_up: float = 300.0  # seconds of unanswered hellos before the join ends with an error
     join_refusals: int = 3  # refusals with the same reason before the join ends with it
     max_peers: int = 1024  # members known at once; more are refused (one log line per sender and window)
+    insecure: bool = False  # plain TCP, names trusted on their word: only on a network where every host is trusted
+
+
+KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
 
 
 class JoinError(ConnectionError):
@@ -107,6 +113,13 @@ class Endpoint:
         self.name = name
         self.role = role
         self.options = options or MeshOptions()
+        if self.options.insecure:
+            if keys is not None:
+                raise ValueError(f"{name}: keys and insecure exclude each other")
+            log.warning("%s: INSECURE: plain TCP without keys: anyone who can reach this member can read its "
+                        "models and send it messages in any member's name", name)
+        elif keys is None:
+            keys = security.ephemeral_keys()  # safe by default: a key pair for this process
         self.keys = keys
         self.join_key = join_key
         self.incarnation = time.time_ns()
@@ -136,26 +149,50 @@ class Endpoint:
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, bind: str, join: list[str] | None = None, advertise: str | None = None) -> None:
-        """Bind, then join through the given addresses in the background (see wait_joined)."""
+        """Bind, then join through the given addresses or tickets (tcp://HOST:PORT/KEY) in the background (see
+        wait_joined). Raise ValueError at once for a join that cannot work (a keyed member given no key)."""
+        targets = [self._join_target(a) for a in (join or []) if a]
         bound = self.transport.bind(bind)
-        join = [a for a in (join or []) if a]
+        join = [address for address, _ in targets]
         self.address = advertise or advertised_address(bound, join[0] if join else None)
         problem = check_address(self.address)
         if problem:  # peers would refuse every message that carries it: say so now, not in every heartbeat
             await self.transport.close()
             raise ValueError(f"{self.name}: the address to advertise, {self.address!r}, {problem}; "
                              "pass --advertise tcp://HOST:PORT")
-        log.info("%s: %s listening on %s (mesh %s%s)", self.name, self.role, self.address, self.options.mesh,
-                 ", CURVE" if self.keys else "")
+        log.info("%s: %s listening on %s (mesh %s, %s); join it with --join %s", self.name, self.role, self.address,
+                 self.options.mesh, "closed, CURVE" if self.keys and self.keys.closed else
+                 "CURVE" if self.keys else "INSECURE", self.ticket)
         loop = asyncio.get_running_loop()
         self.tasks.append(loop.create_task(self._heartbeat_loop(), name=f"{self.name}-heartbeat"))
-        if join:
-            self.tasks.append(loop.create_task(self._join_loop(join), name=f"{self.name}-join"))
+        if targets:
+            self.tasks.append(loop.create_task(self._join_loop(targets), name=f"{self.name}-join"))
         else:
             self.joined.set()
             self.join_ended.set()
         for task in self.tasks:
             task.add_done_callback(self._report_crash)
+
+    @property
+    def ticket(self) -> str:
+        """What a joiner passes to reach this member: tcp://HOST:PORT/KEY (the address alone if insecure)."""
+        return security.ticket(self.address, self.keys.public if self.keys else None)
+
+    def _join_target(self, value: str) -> tuple[str, bytes | None]:
+        """The address and server key of a join ticket or address (the key of --join-key if the address has
+        none, None if that names a member whose key file is not there yet); ValueError for a key part that is
+        not a key."""
+        address, key = security.split_ticket(value)
+        if self.keys is not None and key is None:
+            key = security.resolve_key(self.join_key or "bootstrap", self.keys)
+        return address, key
+
+    def _missing_join_key(self, address: str) -> JoinError:
+        return JoinError(
+            f"{self.name}: joining through {address} needs the public key of the member there: pass its ticket, "
+            f"--join {address}/KEY, as that member prints it at its start (or --join-key KEY, FILE, or the name of "
+            "a member started on this machine; or --insecure on every member, for a network where every host is "
+            "trusted)")
 
     def _report_crash(self, task: asyncio.Task[None]) -> None:
         """A background task must never die silently: log its exception with the traceback."""
@@ -208,12 +245,17 @@ class Endpoint:
                        tensors=tensors or {})
 
     def _server_key(self, peer: Peer) -> bytes | None:
+        """The key to dial peer with (CURVE checks that the member there holds it), None without keys."""
         if not self.keys:
             return None
-        key = self.keys.key_of(peer.name)
-        if key is None or key != peer.pubkey.encode():
-            raise DeliveryError(f"{peer.name}'s public key is not the one allowed as {peer.name}.key")
-        return key
+        if self.keys.closed:
+            key = self.keys.key_of(peer.name)
+            if key is None or key != peer.pubkey.encode():
+                raise DeliveryError(f"{peer.name}'s public key is not the one allowed as {peer.name}.key")
+            return key
+        if not peer.pubkey:
+            raise DeliveryError(f"{peer.name} has no public key (it runs --insecure; this member does not)")
+        return peer.pubkey.encode()
 
     def _send(self, peer: Peer, mtype: str, body: dict[str, Any]) -> bool:
         try:
@@ -249,29 +291,25 @@ class Endpoint:
         finally:
             request.cancel()
 
-    def _join_server_key(self) -> bytes | None:
-        if not self.keys:
-            return None
-        name = self.join_key or "bootstrap"
-        path = Path(name)
-        if path.suffix == ".key" and path.exists():
-            return zmq.auth.load_certificate(str(path))[0]
-        key = self.keys.server_key_for(name)
-        if key is None:
-            raise ValueError(
-                f"keyed join needs the public key of the member at the join address: put it in "
-                f"{self.keys.allowed_dir}/{name}.key or pass --join-key FILE_OR_NAME"
-            )
-        return key
-
-    async def _join_loop(self, addresses: list[str]) -> None:
+    async def _join_loop(self, targets: list[tuple[str, bytes | None]]) -> None:
         delay = 0.5
         give_up = time.monotonic() + self.options.join_give_up
         refusals: dict[str, int] = {}
+        addresses = [address for address, _ in targets]
+        # A key named by a member's name (--join-key bootstrap, the default) is that member's key file in this
+        # machine's key folder: a member started at the same moment writes it at its start, so wait a little.
+        key_wait = time.monotonic() + KEY_FILE_WAIT
         try:
-            key = self._join_server_key()
             while not self.joined.is_set():
-                for address in addresses:
+                for i, (address, key) in enumerate(targets):
+                    if key is None and self.keys is not None:
+                        key = self._join_target(address)[1]
+                        if key is None:
+                            if time.monotonic() >= key_wait:
+                                raise self._missing_join_key(address)
+                            self._last_join_problem = f"no key for {address} yet"
+                            continue
+                        targets[i] = (address, key)
                     hello = self.message("hello", self.identity())
                     self.transport.watch(address, key)
                     try:
@@ -376,7 +414,8 @@ class Endpoint:
         try:
             change = self.peers.heard_from(msg.sender, body["address"], body["role"], body["incarnation"],
                                            body["pubkey"], body["round"], body["heartbeat"],
-                                           authenticated=self.keys is not None)  # _check_key bound name to key
+                                           authenticated=self.keys is not None and self.keys.closed,  # _check_key
+                                           key=msg.key if self.keys is not None and not self.keys.closed else "")
         except Refused as exc:
             raise (TryLater if exc.transient else WireError)(str(exc)) from None
         if old_address and old_address != body["address"]:
@@ -395,8 +434,10 @@ class Endpoint:
     def learn(self, peers: list[dict[str, Any]]) -> None:
         """Take peers heard of from gossip or discovery; new ones are introduced to at once."""
         for info in peers:
-            if self.keys and self.keys.key_of(info["name"]) != info["pubkey"].encode():
+            if self.keys and self.keys.closed and self.keys.key_of(info["name"]) != info["pubkey"].encode():
                 continue  # never dial a member whose key we would not accept as that member
+            if self.keys and not info["pubkey"]:
+                continue  # an insecure member: this member cannot dial it
             if self.peers.learned_of(info):
                 log.debug("%s: learned of %s at %s", self.name, info["name"], info["address"])
                 self._send(self.peers.peers[info["name"]], "heartbeat", self.identity())  # introduce now
@@ -411,16 +452,31 @@ class Endpoint:
         self.changed = asyncio.Event()
 
     def _check_key(self, msg: Message) -> None:
-        """In a keyed mesh, a sender is who its key says: the name it claims must be the name its key is
-        allowed as (allowed/NAME.key), alive or dead, so no allowed key can speak for another member."""
+        """With keys, a sender is who its key says. Closed mesh: the name it claims must be the name its key is
+        allowed as (allowed/NAME.key), alive or dead. Open mesh: the key must be the one bound to the name
+        (membership messages bind a new name, net/membership.py), so nobody speaks for another member."""
         if self.keys is None or msg.type == "status_req":
             return
-        expected = self.keys.key_of(msg.sender)
-        if expected is None or not msg.key or msg.key != expected.decode():
-            raise WireError(f"{msg.sender} sent {msg.type} with a key that is not {msg.sender}'s "
-                            f"(allowed/{msg.sender}.key)")
         if msg.type in ("hello", "heartbeat", "gossip") and msg.body["pubkey"] != msg.key:
             raise WireError(f"{msg.sender} advertises a public key other than the one it connected with")
+        if self.keys.closed:
+            expected = self.keys.key_of(msg.sender)
+            if expected is None or not msg.key or msg.key != expected.decode():
+                self.complaints.warning(f"key:{msg.sender}", "%s: refused %s as %s: its key is not %s's "
+                                        "(allowed/%s.key)", self.name, msg.type, msg.sender, msg.sender, msg.sender)
+                raise WireError(f"{msg.sender} sent {msg.type} with a key that is not {msg.sender}'s "
+                                f"(allowed/{msg.sender}.key)")
+            return
+        if msg.type in ("hello", "heartbeat", "gossip"):
+            return  # the peer table binds or refuses the name (heard_from)
+        bound = self.peers.key_of(msg.sender)
+        if not bound or msg.key != bound:
+            why = "a member this member does not know" if not bound else "another key than the one it is bound to"
+            self.complaints.warning(f"key:{msg.sender}", "%s: refused %s as %s: %s (key %s...)", self.name,
+                                    msg.type, msg.sender, why, (msg.key or "none")[:8])
+            raise WireError(f"{msg.type} as {msg.sender} refused: {msg.sender} is {why}")
+        if msg.sender not in self.peers.bound:
+            self.peers.bind(msg.sender, msg.key)  # the key gossip proposed, proved by the sender holding it
 
     async def _dispatch(self, msg: Message) -> Message | None:
         if msg.mesh != self.options.mesh:
@@ -460,9 +516,17 @@ class Endpoint:
 
 
 async def query_status(address: str, *, mesh: str = "default", keys: security.Keys | None = None,
-                       server_key: bytes | None = None, timeout: float = 5.0) -> Message:
-    """Ask the member at address for its view of the mesh, without joining."""
-    transport = Transport(f"status-{time.time_ns() % 100000}", _no_handler, keys=keys)
+                       server_key: bytes | None = None, timeout: float = 5.0, insecure: bool = False) -> Message:
+    """Ask the member at address (or ticket tcp://HOST:PORT/KEY) for its view of the mesh, without joining:
+    with a key pair of this process's own unless keys are given (a closed mesh's), or none if insecure."""
+    address, in_ticket = security.split_ticket(address)
+    server_key = server_key or in_ticket
+    if not insecure:
+        keys = keys or security.ephemeral_keys()
+        if server_key is None:
+            raise ValueError(f"asking {address} needs the public key of the member there: pass its ticket "
+                             f"{address}/KEY (printed at its start), or --join-key")
+    transport = Transport(f"status-{time.time_ns() % 100000}", _no_handler, keys=None if insecure else keys)
     try:
         msg = Message("status_req", transport.name, mesh=mesh)
         return await transport.request(address, msg, timeout, server_key)

@@ -3,7 +3,16 @@
 Pure bookkeeping, no sockets. Liveness comes only from direct contact (a message from the peer itself);
 gossip only introduces peers, so stale gossip can never revive a dead peer. Each process start has a new
 incarnation number (its start time in ns), so a node that restarts with the same name replaces its old
-entry. Unless the sender is authenticated (a keyed mesh binds names to keys), a live member's entry
+entry.
+
+Names are bound to keys (trust on first use): the first key that speaks for a name directly is that
+name's key from then on, kept after the member itself is forgotten (up to ``4 * max_peers`` bindings,
+the oldest dropped first), and contact for the name with any other key is refused. Gossip only proposes
+a key for a name nobody has spoken for yet, and never changes a binding. So with keys (the default), only
+the name's own key can change its entry: a restart (a newer incarnation) is taken at once, and nothing
+another sender claims (an incarnation, a round, an address) is believed for that name.
+
+Without keys (an --insecure mesh) a name is trusted on its word, and a live member's entry
 cannot be taken: a new incarnation is taken once the old process has missed a heartbeat period (a
 restart elsewhere, once it is suspect), the same incarnation never moves to another address, and an
 incarnation more than ten minutes in the future is refused. At most ``max_peers`` members are known, and
@@ -14,6 +23,7 @@ replaces a long-dead or never-heard one, or is refused for now.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +94,27 @@ class PeerTable:
     clock: Callable[[], float] = time.monotonic
     wall_ns: Callable[[], int] = time.time_ns
     peers: dict[str, Peer] = field(default_factory=dict)
+    bound: OrderedDict[str, str] = field(default_factory=OrderedDict)  # name -> its key, oldest binding first
+
+    def key_of(self, name: str) -> str:
+        """The key that may speak for name: its bound key, else the key gossip proposed for it while it has
+        not spoken yet, else "" (nobody known by that name)."""
+        key = self.bound.get(name)
+        if key is not None:
+            return key
+        peer = self.peers.get(name)
+        return peer.pubkey if peer is not None and peer.state == JOINING else ""
+
+    def bind(self, name: str, key: str) -> None:
+        """Bind name to key (its first direct contact proved the key); raise Refused if another key has it."""
+        held = self.bound.get(name)
+        if held is not None and held != key:
+            raise Refused(f"{name} is bound to another key (the one it first spoke with): a message for {name} "
+                          f"with key {key[:8]}... is not {name}'s")
+        self.bound[name] = key
+        self.bound.move_to_end(name)
+        while len(self.bound) > 4 * self.max_peers:
+            self.bound.popitem(last=False)
 
     def _room_for(self, name: str, heard: bool) -> bool:
         """True if name is known or may be added: making room by forgetting the longest-dead peer, or, for a
@@ -107,13 +138,20 @@ class PeerTable:
 
     def heard_from(
         self, name: str, address: str, role: str, incarnation: int, pubkey: str, round_: int, period: float = 0.0,
-        authenticated: bool = False,
+        authenticated: bool = False, key: str = "",
     ) -> Change | None:
-        """Record direct contact from a peer; return the state change it caused, if any. Raise Refused for
-        contact that would take a live member's entry (unless the sender is authenticated: its key proves
-        its name), come from the future, or exceed max_peers."""
+        """Record direct contact from a peer that came with key (the sender's CURVE key, "" without keys);
+        return the state change it caused, if any. Raise Refused for contact with a key other than the name's
+        bound one, and, for contact that proves no key (unless authenticated: a closed mesh's allow-list
+        proved the name), for contact that would take a live member's entry; and for contact from the
+        future or beyond max_peers."""
         if name == self.me:
             return None
+        if key:
+            held = self.bound.get(name)
+            if held is not None and held != key:
+                self.bind(name, key)  # raises, saying why
+            authenticated = True
         if incarnation > self.wall_ns() + MAX_FUTURE_NS:
             raise Refused(f"{name} claims an incarnation (start time) more than ten minutes in the future")
         now = self.clock()
@@ -121,10 +159,14 @@ class PeerTable:
         if peer is None:
             if not self._room_for(name, heard=True):
                 raise Refused(f"{self.max_peers} members are known and alive; not taking {name} now", transient=True)
+            if key:
+                self.bind(name, key)
             self.peers[name] = Peer(name, address, role, incarnation, pubkey, ALIVE, now, round_, period=period)
             return Change(name, None, ALIVE)
         if incarnation < peer.incarnation:
             return None  # a message of a process that has since restarted
+        if key:
+            self.bind(name, key)  # direct contact proves the key: it replaces a key gossip proposed
         if not authenticated and peer.state == ALIVE and peer.incarnation:
             if incarnation == peer.incarnation and address != peer.address:
                 raise Refused(f"{name} is at {peer.address}; its process does not move to {address}")
@@ -158,6 +200,9 @@ class PeerTable:
         name = info["name"]
         if name == self.me or info.get("state") not in (ALIVE, SUSPECT, JOINING):
             return False
+        held = self.bound.get(name)
+        if held is not None and info["pubkey"] != held:
+            return False  # gossip never rebinds a name: we would dial, and believe, another key
         peer = self.peers.get(name)
         if peer is not None and info["incarnation"] <= peer.incarnation:
             return False

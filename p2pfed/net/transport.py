@@ -75,10 +75,13 @@ class Refusal(DeliveryError):
 # What a connection's handshake failure means, for the member that tried (libzmq's monitor events).
 _HANDSHAKE: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this member's key (not in its allow-list)",
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the connection's handshake failed",
+    # CURVE's client learns no more when the server cannot decrypt its hello: the usual cause is a key that is not
+    # the one the member there holds
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the connection's handshake failed: is the key dialled (the ticket's, or "
+                                          "--join-key) the one of the member at that address?",
 }
-_MISMATCH = ("one side uses CURVE keys and the other does not: a keyed mesh needs --keys on every member, "
-             "an unkeyed one on none")
+_MISMATCH = ("one side uses CURVE keys (the default) and the other runs --insecure: every member of a mesh "
+             "needs keys, or every one --insecure")
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,8 @@ class Transport:
         # latter is a default for the context's sockets, where libzmq ignores an option it has not.
         self.ctx.set(zmq.MAX_SOCKETS, self.options.max_dealers + 64)
         _allow_open_files(3 * self.options.max_dealers + 256)
-        self.auth = security.start_authenticator(self.ctx, keys) if keys else None
+        # The ZAP handler serves the bound ROUTER only, and needs the running loop: started by bind().
+        self.auth: security.ZapHandler | None = None
         self.router: zmq.asyncio.Socket | None = None
         self.monitor: zmq.asyncio.Socket | None = None
         self.connections: dict[int, str] = {}  # inbound connections the monitor has seen: fd -> host:port
@@ -158,6 +162,8 @@ class Transport:
         host, _, port = address.rpartition(":")
         with _closed_on_failure(sock):
             if self.keys:
+                if self.auth is None:
+                    self.auth = security.start_authenticator(self.ctx, self.keys)
                 security.make_server(sock, self.keys)
             try:
                 sock.bind(f"{host}:*" if port in ("0", "*") else address)
@@ -194,7 +200,7 @@ class Transport:
         self.dealer_tasks.clear()
         self.watches.clear()
         if self.auth is not None:
-            self.auth.stop()
+            await self.auth.aclose()
         self.ctx.term()
 
     def _socket(self, kind: int, options: list[tuple[int, int]]) -> zmq.asyncio.Socket:

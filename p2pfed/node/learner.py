@@ -8,9 +8,10 @@ Training, scoring and evaluation run in worker threads; the event loop keeps ans
 
 What peers say is checked before it is believed: a model is taken only if its method expects that kind
 from that sender for that round (``Method.accepts``), for a round from the current one to ``AHEAD``
-rounds ahead, once per sender; and a node skips rounds to catch up only to a round that a quorum of the
-peers it averages with report (one heartbeat can claim any round), never past the scenario's last round,
-and records the skip.
+rounds ahead, once per sender (a second copy is acknowledged and logged, never kept, and never a reason to
+refuse the sender's own); and a node skips rounds to catch up only to a round that a quorum of the peers
+it averages with report and that at least two members with distinct keys have reached (one member, forged
+or not, can claim any round), never past the scenario's last round, and records the skip.
 """
 
 from __future__ import annotations
@@ -184,6 +185,13 @@ class LearningNode(LocalNode):
         check_tensors(msg.tensors, self.reference)
         if msg.body["samples"] <= 0:
             raise WireError("a model needs a positive sample count")
+        if msg.sender in self.inbox.get((kind, msg.round), {}):
+            # The sender's key was checked (net/endpoint.py): this is its own second copy (a resend after a lost
+            # acknowledgement, or a fault of its own). Keeping the first and saying yes means no copy, however
+            # it came, can make the sender's model be refused.
+            self.endpoint.complaints.info(f"again:{msg.sender}", "%s: %s sent its %s of round %d again; kept the "
+                                          "first", self.name, msg.sender, cut(kind, 40), msg.round)
+            return None
         # The tensors are read-only views of the received frames (no copy): averaging and load_state_dict
         # read them, nothing writes to them.
         self.inbox.setdefault((kind, msg.round), {})[msg.sender] = {"state": msg.tensors,
@@ -198,13 +206,11 @@ class LearningNode(LocalNode):
             raise WireError(f"{what} beyond this node's rounds {self.round}..{self.round + AHEAD}")
 
     def _check_expected(self, msg: Message, kind: str) -> None:
-        """Refuse what this node's method does not expect: the kind from this sender for this round, a round
-        past current + AHEAD, or a second message of the kind from the sender for the round."""
+        """Refuse what this node's method does not expect: the kind from this sender for this round, or a round
+        past current + AHEAD."""
         self._check_window(msg.round, f"{kind} for round {msg.round} is")
         if not self.method.accepts(kind, msg.sender, msg.round):
             raise WireError(f"{self.name} does not expect a {cut(kind, 40)} from {msg.sender} in round {msg.round}")
-        if msg.sender in self.inbox.get((kind, msg.round), {}):
-            raise WireError(f"{self.name} already has {msg.sender}'s {kind} of round {msg.round}")
 
     async def _on_request(self, msg: Message) -> Message | None:
         kind = msg.body["kind"]
@@ -265,12 +271,23 @@ class LearningNode(LocalNode):
 
     def mesh_round(self, rnd: int) -> int:
         """The highest round that a quorum of the live peers this node averages with in rnd report having
-        reached: one of one, both of two, half of more. Only those peers count (other groups may run ahead
-        freely), and one peer's heartbeat (which can claim any round) is never enough among several."""
-        among = set(self.live_peers()) & self.method.sources(rnd)
-        rounds = sorted((p.round for p in self.endpoint.peers.peers.values() if p.name in among), reverse=True)
+        reached (one of one, both of two, half of more), and that at least two live learning members with
+        distinct keys report: only the peers it averages with make the quorum (other groups may run ahead
+        freely), but no one member, whatever it claims in its heartbeats, moves a node alone (a pair's
+        partner has its claim confirmed by some other member)."""
+        live = [p for p in self.endpoint.peers.peers.values() if p.name in set(self.live_peers())]
+        among = self.method.sources(rnd)
+        rounds = sorted((p.round for p in live if p.name in among), reverse=True)
         quorum = max(min(len(rounds), 2), (len(rounds) + 1) // 2)
-        return rounds[quorum - 1] if rounds else 0
+        if not rounds:
+            return 0
+        # the second-highest round among distinct keys (names, in an insecure mesh: there a name is its word)
+        by_key: dict[str, int] = {}
+        for p in live:
+            who = p.pubkey or p.name
+            by_key[who] = max(by_key.get(who, 0), p.round)
+        witnessed = sorted(by_key.values(), reverse=True)
+        return min(rounds[quorum - 1], witnessed[1] if len(witnessed) > 1 else 0)
 
     def catch_up(self, rnd: int) -> int:
         """The round to run next: rnd, or the mesh's round if that is two or more ahead (a straggler, a

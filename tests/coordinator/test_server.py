@@ -21,6 +21,7 @@ from p2pfed.launch.runner import mesh_options, prepare_data, run_scenario
 from p2pfed.learn.partition import server_samples
 from p2pfed.methods import load_checked
 from p2pfed.methods.central import Task, pack
+from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.node.client import CentralNode
 from p2pfed.scenario.config import Scenario, load_scenario
@@ -56,9 +57,10 @@ def test_a_restarted_coordinator_resumes_from_its_checkpoint(tmp_path: Path) -> 
     out = tmp_path / "run" / "fedavg"
     out.mkdir(parents=True)
     options = mesh_options(scenario, "fedavg")
+    keys = security.ephemeral_keys()  # the coordinator's, kept across its restart as its key folder keeps it
 
     async def coordinator(boot: str) -> tuple[Endpoint, Coordinator]:
-        endpoint = Endpoint("coordinator", "coordinator", options=options)
+        endpoint = Endpoint("coordinator", "coordinator", options=options, keys=keys)
         await endpoint.start("tcp://127.0.0.1:0", [boot])
         return endpoint, Coordinator(scenario, "fedavg", endpoint, dataset, partition, out)
 
@@ -68,17 +70,17 @@ def test_a_restarted_coordinator_resumes_from_its_checkpoint(tmp_path: Path) -> 
         nodes = []
         for i in range(3):
             endpoint = Endpoint(scenario.node_name(i), options=options)
-            await endpoint.start("tcp://127.0.0.1:0", [boot.address])
+            await endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
             nodes.append(CentralNode(scenario, i, None, dataset, partition, endpoint, out))
         runs = [asyncio.ensure_future(n.run()) for n in nodes]
-        endpoint, first = await coordinator(boot.address)
+        endpoint, first = await coordinator(boot.ticket)
         task = asyncio.ensure_future(first.run(wait_for=3))
         while not first.checkpoint_path.exists() or first.round < 4:
             await asyncio.sleep(0.05)
         task.cancel()  # the coordinator dies mid-run, without a goodbye
         await asyncio.gather(task, return_exceptions=True)
         await endpoint.stop(leave=False)
-        endpoint, second = await coordinator(boot.address)
+        endpoint, second = await coordinator(boot.ticket)
         await second.run(wait_for=3)
         await asyncio.wait_for(asyncio.gather(*runs), 30)  # every node got its final model and ended
         await endpoint.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -59,7 +60,7 @@ async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callabl
     nodes = {}
     for name in ("n0", "n1", "n2", "liar"):
         nodes[name] = members(name, options=FAST)
-        await nodes[name].start("tcp://127.0.0.1:0", [boot.address])
+        await nodes[name].start("tcp://127.0.0.1:0", [boot.ticket])
     nodes["n0"].progress = learned("pfedlia-p2p", ["n1"], {"n1": 0.5, "n2": -0.25},
                                    [(0, 0.5, 2.0), (1, 0.75, math.nan), (1, 0.8, 1.0)]).body
     nodes["n1"].progress = learned("pfedlia-p2p", ["n0"], {"n0": 0.4}, [(0, 0.6, 1.5)]).body
@@ -68,7 +69,7 @@ async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callabl
     nodes["liar"].progress = learned("pfedlia-p2p", ["n0"], {}, [(0, 0.5, 1.0)]).body
     forging(monkeypatch, "liar")  # its status breaks the wire's bounds on arrival: refused by the watcher
     await wait_until(lambda: len(boot.peers.live()) == 4, what="all four alive at the bootstrap")
-    watcher = MeshWatcher(boot.address, every=0.2)
+    watcher = MeshWatcher(boot.ticket, every=0.2)
     await watcher.start()
     try:
         view = await watcher.poll()
@@ -142,6 +143,34 @@ async def test_the_page_and_its_data_are_served(tmp_path: Path) -> None:
         await server
 
 
+async def test_a_flood_of_over_long_requests_writes_a_few_short_log_lines(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # 200 request lines over aiohttp's limit (8190 bytes) once wrote a traceback each: 144 KB of log
+    write_run(tmp_path / "run")
+    stop = asyncio.Event()
+    urls: list[str] = []
+    caplog.set_level(logging.INFO)
+    server = asyncio.ensure_future(serve(make_app(lambda: run_view(tmp_path / "run")), "127.0.0.1", 0, stop,
+                                         urls.append))
+    try:
+        await wait_until(lambda: bool(urls), what="the server to listen")
+        port = int(urls[0].rsplit(":", 1)[1].strip("/"))
+        for _ in range(200):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = await reader.read()  # the server answers and closes
+            writer.close()
+            assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+        async with aiohttp.ClientSession() as session, session.get(urls[0] + "api/view") as data:
+            assert data.status == 200  # a request within the limits is still answered
+    finally:
+        stop.set()
+        await server
+    tracebacks, size = caplog.text.count("Traceback"), len(caplog.text)  # counts: a diff of 144 KB takes minutes
+    assert (tracebacks, size < 2000) == (0, True), f"{tracebacks} tracebacks, {size} bytes logged"
+    assert 1 <= len(caplog.records) <= 10 and all(len(r.getMessage()) < 200 for r in caplog.records)
+
+
 def test_the_command_refuses_what_it_cannot_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dashboard"]) == 2
     assert "takes --join tcp://HOST:PORT (a live mesh) or a run folder" in capsys.readouterr().err
@@ -156,5 +185,5 @@ async def test_a_status_is_answered_even_when_the_progress_it_would_tell_is_brok
     boot = members("bootstrap", "bootstrap", options=FAST)
     await boot.start("tcp://127.0.0.1:0")
     boot.progress = lambda: {"method": "x", "rounds": [-1]}  # a bug: a negative round, keys missing
-    reply = await query_status(boot.address, timeout=5)
+    reply = await query_status(boot.ticket, timeout=5)
     assert reply.body["name"] == "bootstrap" and "learning" not in reply.body

@@ -29,7 +29,7 @@ def test_a_scenarios_message_cap_and_timing_reach_every_member(tmp_path: Path) -
     path.write_text(SCENARIO)
     scenario = load_scenario(path)
     # p2pfed run: every member of the scripted mesh (it was 1 GiB whatever the scenario said)
-    endpoint = member(scenario, "fedavg-p2p", "n00")
+    endpoint = member(scenario, "fedavg-p2p", "n00", tmp_path)
     assert endpoint.transport.options.max_message_bytes == 8 << 20 and endpoint.transport.limits.max_message_bytes \
         == 8 << 20
     assert (endpoint.options.mesh, endpoint.options.heartbeat, endpoint.options.dead_after) == \

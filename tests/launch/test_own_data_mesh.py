@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import free_port, p2pfed, stop
+from tests.helpers import free_port, p2pfed, stop, wait_for
 from tests.netns import network
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,12 +92,13 @@ def test_a_member_with_another_recipe_or_unfitting_data_is_stopped_saying_why(tm
     data = example_data(tmp_path)
     first = f"tcp://127.0.0.1:{free_port()}"
     a = p2pfed("node", "--recipe", str(recipe(tmp_path)), "--data", str(data / "a.npz"), "--name", "a", "--bind",
-               first, "--join", first, "--mesh", "own", "--wait-for", "1", "--out", str(tmp_path / "a"),
+               first, "--join", first, "--join-key", "a", "--mesh", "own", "--wait-for", "1", "--out",
+               str(tmp_path / "a"),
                log=tmp_path / "a.log")
     try:
         odd = subprocess.run([sys.executable, "-m", "p2pfed", "node", "--recipe", str(recipe(tmp_path, lr="0.5")),
-                              "--data", str(data / "b.npz"), "--name", "b", "--join", first, "--bind",
-                              "tcp://127.0.0.1:0", "--mesh", "own", "--out", str(tmp_path / "b")],
+                              "--data", str(data / "b.npz"), "--name", "b", "--join", first, "--join-key", "a",
+                              "--bind", "tcp://127.0.0.1:0", "--mesh", "own", "--out", str(tmp_path / "b")],
                              capture_output=True, text=True, timeout=120)
         assert odd.returncode != 0
         line = next(x for x in odd.stderr.splitlines() if "could not join" in x)
@@ -133,16 +134,19 @@ heartbeat = 0.5
 
 
 @pytest.mark.slow
-def test_two_machines_train_next_token_prediction_on_their_own_words(tmp_path: Path) -> None:
+def test_two_machines_train_next_token_prediction_on_their_own_words(tmp_path: Path, key_home: Path) -> None:
     (tmp_path / "recipe.toml").write_text(TEXT_RECIPE)
     for m, ending in (("a", "en"), ("b", "ar")):
         (tmp_path / f"{m}.txt").write_text("\n".join(f"{x}{y}{z}{ending}" for x in "bdfgk" for y in "aeiou"
                                                      for z in "lmnrs") + "\n")
     first = f"tcp://127.0.0.1:{free_port()}"
-    procs = {m: p2pfed("node", "--recipe", str(tmp_path / "recipe.toml"), "--data", str(tmp_path / f"{m}.txt"),
-                       "--name", m, "--bind", first if m == "a" else "tcp://127.0.0.1:0", "--join", first,
-                       "--mesh", "words", "--wait-for", "1", "--out", str(tmp_path / m), log=tmp_path / f"{m}.log")
-             for m in ("a", "b")}
+    procs = {}
+    for m in ("a", "b"):  # b joins through a, with a's public key (a member of this machine: in the key folder)
+        procs[m] = p2pfed("node", "--recipe", str(tmp_path / "recipe.toml"), "--data", str(tmp_path / f"{m}.txt"),
+                          "--name", m, "--bind", first if m == "a" else "tcp://127.0.0.1:0", "--join", first,
+                          "--join-key", "a", "--mesh", "words", "--wait-for", "1", "--out", str(tmp_path / m),
+                          log=tmp_path / f"{m}.log")
+        wait_for(lambda: (key_home / "a.key").exists(), 60, "a's key pair")
     try:
         for m, proc in procs.items():
             assert proc.wait(180) == 0, (tmp_path / f"{m}.log").read_text()[-3000:]

@@ -120,7 +120,8 @@ async def test_presence_introduces_a_peer_and_its_will_marks_it_dead(members: Ca
     peer = members("n2", options=MeshOptions(heartbeat=0.1))
     await peer.start("tcp://127.0.0.1:0")
     discovery = MqttDiscovery(me, "mqtt://127.0.0.1:1/lab")  # never connects: messages are fed by hand
-    presence = {**PRESENCE, "name": "n2", "address": peer.address, "incarnation": peer.incarnation}
+    presence = {**PRESENCE, "name": "n2", "address": peer.address, "incarnation": peer.incarnation,
+                "pubkey": peer.keys.public.decode() if peer.keys else ""}
     discovery._on_message("p2pfed/lab/members/n2", json.dumps(presence).encode())
     deadline = time.monotonic() + 5
     while me.peers.peers["n2"].state != ALIVE and time.monotonic() < deadline:

@@ -740,7 +740,9 @@ class Events:
     ((zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH), (_MISMATCH, True)),
     ((zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, 0x11), ("the handshake failed (ZMTP protocol error 0x11)", False)),
     ((zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400), ("it refused this member's key (not in its allow-list)", True)),
-    ((zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0), ("the connection's handshake failed", False)),
+    ((zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0), ("the connection's handshake failed: is the key dialled (the "
+                                                 "ticket's, or --join-key) the one of the member at that address?",
+                                                 False)),
 ])
 async def test_each_handshake_event_is_said_as_what_it_means_and_whether_it_is_final(
         transports: Make, event: tuple[int, int], said: tuple[str, bool]) -> None:

@@ -364,6 +364,7 @@ class ChoosesSlowly(Method):
         if self.chosen is None:
             self.chosen = ["n00"]
             heard(self.node, "n00", self.moved_to)  # type: ignore[arg-type]
+            heard(self.node, "n02", self.moved_to)  # type: ignore[arg-type]  # a second member confirms n00's word
 
     def state(self) -> dict[str, Any]:
         return {"chosen": self.chosen}
@@ -455,6 +456,7 @@ async def test_a_late_joiner_hears_from_its_introduced_peers_then_starts_at_thei
     far = fedavg_node(tmp_path / "far", members)
     ran = scripted_rounds(far)
     heard(far, "n00", 9)  # a round past the scenario's end (a peer can claim any)
+    heard(far, "n02", 9)
     await far.run(start_round=1, start_timeout=5)
     assert [r for r, _, _ in ran] == [5]  # only as far as the last round
 
@@ -484,10 +486,17 @@ async def test_a_node_two_rounds_behind_its_sources_catches_up_one_round_behind_
     behind = fedavg_node(tmp_path / "two", members)
     ran = scripted_rounds(behind)
     heard(behind, "n00", 2)
+    heard(behind, "n02", 2)
     await behind.run(start_timeout=5)
     assert [r for r, _, _ in ran] == [2, 3, 4, 5]
     skips = [r for r in records(tmp_path / "two") if r["event"] == "skip"]
     assert [(r["skipped_from"], r["skipped_to"]) for r in skips] == [(0, 2)]
+
+    alone = fedavg_node(tmp_path / "alone", members)
+    ran = scripted_rounds(alone)
+    heard(alone, "n00", 2)  # its only peer's word, unconfirmed: forged or not, one member moves nobody
+    await alone.run(start_timeout=5)
+    assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5]
 
     close_behind = fedavg_node(tmp_path / "one", members)
     ran = scripted_rounds(close_behind)
