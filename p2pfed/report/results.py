@@ -78,7 +78,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         members = sorted(n for n in found if n in true)
         ari = float(adjusted_rand_score([true[n] for n in members], [found[n] for n in members]))
         nmi = float(normalized_mutual_info_score([true[n] for n in members], [found[n] for n in members]))
-    # Only where nodes choose their peers (no choices, no pairs: None for FedAvg, local training and the
+    # Only where nodes choose their peers (no choices, no pairs: None for methods whose nodes choose nobody, and the
     # coordinated methods), unlike the ARI: a coordinator's grouping has no one-way choice to hide, every node
     # averages with its whole group and the ARI already sees each one placed wrong. As for the ARI, the true
     # clusters must be known.
