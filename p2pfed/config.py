@@ -84,8 +84,14 @@ class NodeConfig:
 
         if not self.bind.startswith("tcp://") or ":" not in self.bind[len("tcp://"):]:
             raise ConfigError(f"{where}bind must be tcp://IP:PORT (port 0 or * picks one; got {self.bind!r})")
+        from p2pfed.net.security import BadKey, split_ticket
+
         for key, value in [("advertise", self.advertise), *[("join", j) for j in self.join]]:
-            problem = check_address(value) if value else ""
+            try:  # a join may be a ticket, tcp://HOST:PORT/KEY: its address is checked, and its key
+                address = split_ticket(value)[0] if key == "join" else value
+            except BadKey as exc:
+                raise ConfigError(f"{where}{key}: {exc}") from None
+            problem = check_address(address) if value else ""
             if problem:  # what peers would refuse, said now
                 raise ConfigError(f"{where}{key} {problem} (got {value!r})")
         if self.discovery and not self.discovery.startswith("mqtt://"):

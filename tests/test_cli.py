@@ -103,7 +103,7 @@ def test_a_coordinator_and_nodes_that_take_their_method_from_it(tmp_path: Path) 
 
 
 def test_a_node_that_cannot_join_stops_on_sigterm_and_says_why_when_it_gives_up(tmp_path: Path) -> None:
-    dead = f"tcp://127.0.0.1:{free_port()}"  # nobody listens: a bootstrap that is down
+    dead = f"tcp://127.0.0.1:{free_port()}/{'ab' * 32}"  # nobody listens: a bootstrap that is down (its ticket)
     scenario = tmp_path / "s.toml"
     scenario.write_text("[scenario]\nname = 'cli'\nnodes = 2\nrounds = 2\nmethods = ['fedavg-p2p']\n"
                         "[data]\npartition.clusters = 1\nmax_train = 16\n")
