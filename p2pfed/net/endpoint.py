@@ -334,7 +334,11 @@ class Endpoint:
                     if reply.type != "welcome":
                         log.warning("%s: %s answered hello with %s, not welcome", self.name, address, reply.type)
                         continue
-                    self._heard(reply)
+                    if reply.key and reply.body["pubkey"] != reply.key:
+                        log.warning("%s: %s answered as %s with a key other than the one it advertises", self.name,
+                                    address, reply.sender)
+                        continue
+                    self._heard(reply)  # the reply's key is the one we dialled: the welcomer's name is bound to it
                     self.learn(reply.body["peers"])
                     log.info("%s: joined mesh %s through %s (%s), %d peers known", self.name, self.options.mesh,
                              address, reply.sender, len(self.peers.live()) + len(self.peers.by_state(JOINING)))

@@ -242,8 +242,10 @@ class Transport:
                 reason = zmq.strerror(exc.errno) if exc.errno is not None else "refused by libzmq"
                 raise BadAddress(f"cannot connect to {clip(address, 80)}: {reason}") from None
         self.dealers[address] = sock
+        # A reply on this connection comes from whoever holds server_key (CURVE checked it): that is its key.
+        key = server_key.decode() if self.keys and server_key is not None else ""
         self.dealer_tasks[address] = asyncio.get_running_loop().create_task(
-            self._dealer_loop(address, sock), name=f"{self.name}-dealer-{address}"
+            self._dealer_loop(address, sock, key), name=f"{self.name}-dealer-{address}"
         )
         return sock
 
@@ -362,7 +364,7 @@ class Transport:
             raise Refusal(f"{address} refused {msg.type}: {reason}", reason, bool(reply.body.get("retry", False)))
         return reply
 
-    async def _dealer_loop(self, address: str, sock: zmq.asyncio.Socket) -> None:
+    async def _dealer_loop(self, address: str, sock: zmq.asyncio.Socket, key: str = "") -> None:
         while True:
             frames = await sock.recv_multipart(copy=False)
             try:
@@ -378,6 +380,7 @@ class Transport:
                     fut.set_exception(DeliveryError(f"reply from {address} refused: {exc}"))
                 continue
             self.bytes_received += sum(len(f) for f in frames)
+            reply.key = key
             fut = self.pending.get((address, reply.id))
             if fut is not None and not fut.done():
                 fut.set_result(reply)
