@@ -103,7 +103,8 @@ def test_a_coordinator_and_nodes_that_take_their_method_from_it(tmp_path: Path) 
 
 
 def test_a_node_that_cannot_join_stops_on_sigterm_and_says_why_when_it_gives_up(tmp_path: Path) -> None:
-    dead = f"tcp://127.0.0.1:{free_port()}/{'ab' * 32}"  # nobody listens: a bootstrap that is down (its ticket)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    dead = f"{address}/{'ab' * 32}"  # nobody listens: a bootstrap that is down (its ticket)
     scenario = tmp_path / "s.toml"
     scenario.write_text("[scenario]\nname = 'cli'\nnodes = 2\nrounds = 2\nmethods = ['fedavg-p2p']\n"
                         "[data]\npartition.clusters = 1\nmax_train = 16\n")
@@ -121,7 +122,7 @@ def test_a_node_that_cannot_join_stops_on_sigterm_and_says_why_when_it_gives_up(
     cfg.write_text("[node]\n[node.mesh]\nheartbeat = 0.2\njoin_give_up = 2\n")
     res = run("node", "--join", dead, "--bind", "tcp://127.0.0.1:0", "--name", "lonely", "--config", str(cfg))
     assert res.returncode == 2, res.stderr
-    assert f"lonely could not join mesh 'default': no answer from {dead} in 2 s" in res.stderr  # not "p2pfed: "
+    assert f"lonely could not join mesh 'default': no answer from {address} in 2 s" in res.stderr  # not "p2pfed: "
 
 
 @pytest.mark.parametrize(("text", "seeds"), [("4", [0, 1, 2, 3]), ("0-3", [0, 1, 2, 3]), ("0,1,5", [0, 1, 5]),
