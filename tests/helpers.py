@@ -40,10 +40,12 @@ def stop(*procs: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
             p.wait(5)
 
 
-def status(address: str, *extra: str, prefix: list[str] | None = None) -> dict[str, Any] | None:
-    """`p2pfed mesh status --json` of the member at address, or None if it does not answer."""
+def status(address: str, *extra: str, member: str = "bootstrap",
+           prefix: list[str] | None = None) -> dict[str, Any] | None:
+    """`p2pfed mesh status --json` of the member named member at address (its public key is read from the key
+    home the test shares with the members it started), or None if it does not answer."""
     res = subprocess.run([*(prefix or []), sys.executable, "-m", "p2pfed", "mesh", "status", "--join", address,
-                          "--json", "--timeout", "2", *extra], capture_output=True, timeout=30)
+                          "--join-key", member, "--json", "--timeout", "2", *extra], capture_output=True, timeout=30)
     if res.returncode != 0:
         return None
     return json.loads(res.stdout)

@@ -44,8 +44,8 @@ def test_hosts_form_a_mesh_and_survive_a_cut_link_and_a_killed_node(net: Network
                           "--config", str(cfg), log=tmp_path / f"h{h}.log", prefix=net.on(h))
     names = {"bootstrap", "node2", "node3", "node4"}
     try:
-        def seen_from(h: int, address: str) -> dict[str, str]:
-            return peer_states(status(address, prefix=net.on(h)))
+        def seen_from(h: int, address: str, member: str = "bootstrap") -> dict[str, str]:
+            return peer_states(status(address, member=member, prefix=net.on(h)))
 
         wait_for(lambda: seen_from(2, boot_addr) == dict.fromkeys(names, "alive"), 60, "the mesh to form")
         # every node advertises its own host's address, not the wildcard it bound
@@ -53,11 +53,11 @@ def test_hosts_form_a_mesh_and_survive_a_cut_link_and_a_killed_node(net: Network
         assert {p["name"]: p["address"] for p in st["peers"]}["node3"] == f"tcp://{net.addr(3)}:7100"
         # a node sees the others directly, not only through the bootstrap
         node2 = f"tcp://{net.addr(2)}:7100"
-        wait_for(lambda: seen_from(2, node2) == dict.fromkeys(names, "alive"), 30, "node2's view")
+        wait_for(lambda: seen_from(2, node2, "node2") == dict.fromkeys(names, "alive"), 30, "node2's view")
 
         net.link(4, up=False)  # host 4 is cut off
         stop(procs[3], sig=signal.SIGKILL)  # node 3's process dies
-        wait_for(lambda: seen_from(2, node2) == {"bootstrap": "alive", "node2": "alive", "node3": "dead",
+        wait_for(lambda: seen_from(2, node2, "node2") == {"bootstrap": "alive", "node2": "alive", "node3": "dead",
                                                  "node4": "dead"},
                  30, "node2 to notice")
         wait_for(lambda: seen_from(1, boot_addr) == {"bootstrap": "alive", "node2": "alive", "node3": "dead",
@@ -65,7 +65,7 @@ def test_hosts_form_a_mesh_and_survive_a_cut_link_and_a_killed_node(net: Network
         assert procs[1].poll() is None and procs[2].poll() is None  # the rest carry on
 
         net.link(4, up=True)  # the link returns: host 4 is taken back
-        wait_for(lambda: seen_from(2, node2).get("node4") == "alive", 30, "node4 to be back")
+        wait_for(lambda: seen_from(2, node2, "node2").get("node4") == "alive", 30, "node4 to be back")
     finally:
         stop(*procs.values())
 
@@ -81,12 +81,13 @@ def test_a_bootstrap_bound_to_a_wildcard_advertises_a_routable_address(net: Netw
                      str(cfg), log=tmp_path / f"h{h}.log", prefix=net.on(h)) for h in (2, 3)]
     names = {"bootstrap", "node2", "node3"}
     try:
-        wait_for(lambda: peer_states(status(f"tcp://{net.addr(2)}:7100", prefix=net.on(2))) ==
-                 dict.fromkeys(names, "alive"), 60, "node2 to see everyone alive")
+        def seen_from(h: int) -> dict[str, str]:
+            return peer_states(status(f"tcp://{net.addr(h)}:7100", member=f"node{h}", prefix=net.on(h)))
+
+        wait_for(lambda: seen_from(2) == dict.fromkeys(names, "alive"), 60, "node2 to see everyone alive")
         st = status(boot, prefix=net.on(3)) or {}
         assert st["peers"][0]["name"] == "bootstrap" and st["peers"][0]["address"] == boot
-        wait_for(lambda: peer_states(status(f"tcp://{net.addr(3)}:7100", prefix=net.on(3))) ==
-                 dict.fromkeys(names, "alive"), 30, "node3 to see everyone alive")
+        wait_for(lambda: seen_from(3) == dict.fromkeys(names, "alive"), 30, "node3 to see everyone alive")
         assert "127." not in (tmp_path / "h1.log").read_text()
     finally:
         stop(*procs)

@@ -98,14 +98,17 @@ def test_nodes_find_each_other_through_mosquitto_and_its_last_will_announces_a_k
              for name, port in ports.items()}
     try:
         addr = f"tcp://127.0.0.1:{ports['n1']}"
-        wait_for(lambda: peer_states(status(addr, "--mesh", "lab")) == {"n1": "alive", "n2": "alive",
-                                                                         "n3": "alive"}, 30, "mesh via MQTT")
+
+        def seen() -> dict[str, str]:
+            return peer_states(status(addr, "--mesh", "lab", member="n1"))
+
+        wait_for(lambda: seen() == {"n1": "alive", "n2": "alive", "n3": "alive"}, 30, "mesh via MQTT")
         assert asyncio.run(retained_state(mosquitto, "lab", "n3")) == "alive"
         t0 = time.monotonic()
         stop(procs["n3"], sig=signal.SIGKILL)
         # The will comes after the MQTT keepalive (5 s here); each status query is a new process, slow on a
         # loaded machine, so allow 40 s: still well below the 60 s after which silence alone would kill n3.
-        wait_for(lambda: peer_states(status(addr, "--mesh", "lab")).get("n3") == "dead", 40, "will of n3")
+        wait_for(lambda: seen().get("n3") == "dead", 40, "will of n3")
         assert time.monotonic() - t0 < 45
         assert asyncio.run(retained_state(mosquitto, "lab", "n3")) == "dead"
         assert "broker announces n3 is dead" in (tmp_path / "n2.log").read_text()
