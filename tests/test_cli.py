@@ -10,10 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from sklearn.datasets import load_digits
 
 from p2pfed.cli import parse_index, parse_seeds
 from tests.helpers import free_port, p2pfed, peer_states, status, stop, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -123,6 +127,23 @@ def test_a_node_that_cannot_join_stops_on_sigterm_and_says_why_when_it_gives_up(
     res = run("node", "--join", dead, "--bind", "tcp://127.0.0.1:0", "--name", "lonely", "--config", str(cfg))
     assert res.returncode == 2, res.stderr
     assert f"lonely could not join mesh 'default': no answer from {address} in 2 s" in res.stderr  # not "p2pfed: "
+
+
+def test_an_unknown_method_is_refused_before_the_join(tmp_path: Path) -> None:
+    # A node with its own data refused it when its first round started, after the join and its wait (74 s in a
+    # user's try); nobody answers at this address, so only a check before the join ends it within the timeout.
+    scenario = tmp_path / "s.toml"
+    scenario.write_text("[scenario]\nnodes = 2\nmethods = ['fedavg-p2p']\n[data]\npartition.clusters = 1\n")
+    digits = load_digits()
+    np.savez(tmp_path / "own.npz", x=digits.images[:60], y=digits.target[:60])
+    dead = f"tcp://127.0.0.1:{free_port()}/{'ab' * 32}"
+    for role in (["node", "--recipe", str(ROOT / "node" / "recipe.toml"), "--data", str(tmp_path / "own.npz")],
+                 ["node", "--scenario", str(scenario), "--index", "0"],
+                 ["coordinator", "--scenario", str(scenario)]):
+        res = run(*role, "--join", dead, "--bind", "tcp://127.0.0.1:0", "--method", "pfedlia-ptp",
+                  "--out", str(tmp_path / "out"))
+        assert res.returncode == 2, res.stderr
+        assert "'pfedlia-ptp'" in res.stderr and "not answered" not in res.stderr
 
 
 @pytest.mark.parametrize(("text", "seeds"), [("4", [0, 1, 2, 3]), ("0-3", [0, 1, 2, 3]), ("0,1,5", [0, 1, 5]),

@@ -81,7 +81,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
     import torch
 
     from p2pfed.launch.runner import make_node, prepare_data, recipe_of
-    from p2pfed.methods import load_checked
+    from p2pfed.methods import check_method, load_checked
 
     scenario = load_checked(scenario_path)
     bad = [i for i in indices if not 0 <= i < scenario.nodes]
@@ -89,6 +89,8 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
         raise ValueError(f"--index {bad[0]} is outside the scenario's {scenario.nodes} nodes")
     if method is None and coordinator is None:
         raise ValueError("a node needs --method, or --coordinator to take its method from")
+    if method is not None:
+        check_method(method, scenario)
     use_scenario_mesh(cfg, scenario, method)
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
@@ -130,12 +132,14 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     from p2pfed.learn.own import Split, expected_shape, load_own_data, load_own_text
     from p2pfed.learn.partition import Partition, Shard
     from p2pfed.learn.text import vocabulary_of
-    from p2pfed.methods import load_checked
+    from p2pfed.methods import check_method, load_checked
     from p2pfed.node.local import own_index
 
     recipe = load_checked(recipe_path)
     if method is None and coordinator is None:
         method = recipe.methods[0]  # the recipe's (first) method
+    if method is not None:
+        check_method(method, recipe)
     name = cfg.name or socket.gethostname()
     split = Split(recipe.data.val_fraction, recipe.data.test_fraction)
     seed = recipe.seed + own_index(name)
@@ -203,13 +207,14 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
 
     from p2pfed.coordinator.server import Coordinator
     from p2pfed.launch.runner import prepare_data, recipe_of
-    from p2pfed.methods import CENTRAL, REGISTRY, is_central, load_checked
+    from p2pfed.methods import CENTRAL, REGISTRY, check_method, is_central, load_checked
 
     if method in REGISTRY:
         raise ValueError(f"{method} is a decentralized method: its nodes need no coordinator")
     if not is_central(method):
         raise ValueError(f"unknown method {method!r}; a coordinator runs one of {', '.join(CENTRAL)}")
     scenario = load_checked(scenario_path)
+    check_method(method, scenario)
     use_scenario_mesh(cfg, scenario, method)
     cfg.name = cfg.name or "coordinator"
     torch.set_num_threads(1)

@@ -75,13 +75,21 @@ def check_scenario(scenario: Scenario) -> None:
                 raise ConfigError(f"[methods.{name}]: {name} has no options")
         elif name not in scenario.methods:  # its values are checked, not how they fit a run it is not in
             options_of(method.options_type, scenario, name, fit=False)
-    task = task_of(scenario.data.dataset)
     for name in scenario.methods:
-        method_class: type[Method] | type[ServerMethod] = CENTRAL.get(name) or REGISTRY[name]
-        if method_class.tasks is not None and task not in method_class.tasks:
-            raise ConfigError(f"scenario.methods: {name} runs {', '.join(sorted(method_class.tasks))} only, not the "
-                              f"{task} task of data.dataset {scenario.data.dataset!r}")
-        method_class.options_from(scenario)  # errors name methods.NAME.KEY
+        check_method(name, scenario, "scenario.methods")
+
+
+def check_method(name: str, scenario: Scenario, where: str = "--method") -> None:
+    """Raise ConfigError, naming where it came from, for a method that is not known or does not fit scenario
+    (its task, its options): a member checks its --method before it joins, not when its first round starts."""
+    method_class: type[Method] | type[ServerMethod] | None = CENTRAL.get(name) or REGISTRY.get(name)
+    if method_class is None:
+        raise ConfigError(f"{where}: {name!r} is not a known method; choose among {', '.join(METHODS)}")
+    task = task_of(scenario.data.dataset)
+    if method_class.tasks is not None and task not in method_class.tasks:
+        raise ConfigError(f"{where}: {name} runs {', '.join(sorted(method_class.tasks))} only, not the "
+                          f"{task} task of data.dataset {scenario.data.dataset!r}")
+    method_class.options_from(scenario)  # errors name methods.NAME.KEY
 
 
 def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:
