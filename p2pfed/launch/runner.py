@@ -352,6 +352,8 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                     # test, the final record): it ends, or its crash is told, before the run does
                     await asyncio.wait({coordinator_task}, timeout=2 * scenario.train.round_timeout)
                     await _coordinated_progress(mesh, coordinator, coordinator_task)
+                elif progress and not mesh.run.crashed:  # a node's round is the last it began: it ended them all
+                    progress(method, scenario.rounds, scenario.rounds)
                 break
     finally:
         if coordinator_task is not None and not coordinator_task.done():

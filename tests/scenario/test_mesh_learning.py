@@ -89,7 +89,10 @@ def records(run: Path, method: str, node: str) -> list[dict]:
 def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_path: Path) -> None:
     scenario = load_scenario(write(tmp_path, events=LATE_AND_CRASH))
     out = tmp_path / "run"
-    run_scenario(scenario, out)
+    shown: list[tuple[str, int, int]] = []
+    run_scenario(scenario, out, lambda method, done, total: shown.append((method, done, total)))
+    # the progress shown ends at every round done (a peer-to-peer run's stopped one short: 29 of 30)
+    assert shown[-1] == ("pfedlia-p2p", scenario.rounds, scenario.rounds)
     summary = json.loads((out / "summary.json").read_text())["methods"]["pfedlia-p2p"]
     assert summary["ari"] == 1.0
     assert summary["accuracy"] > 0.9 and summary["nodes_finished"] == 9
