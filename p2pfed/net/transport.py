@@ -37,6 +37,7 @@ from p2pfed.net import security
 from p2pfed.net.throttle import LogLimiter, RateLimiter
 from p2pfed.wire import (
     DEFAULT_LIMITS,
+    GOODBYE,
     NO_REPLY,
     SCHEMAS,
     Limits,
@@ -130,6 +131,9 @@ class Transport:
         self.router: zmq.asyncio.Socket | None = None
         self.monitor: zmq.asyncio.Socket | None = None
         self.connections: dict[int, str] = {}  # inbound connections the monitor has seen: fd -> host:port
+        # host -> names whose "leave" came from there and whose connection has not closed yet: the close that
+        # follows a goodbye is logged as the leave it is (libzmq tells the connection's fd, not its messages')
+        self.goodbyes: OrderedDict[str, list[str]] = OrderedDict()
         self.address = ""
         self.dealers: OrderedDict[str, zmq.asyncio.Socket] = OrderedDict()  # least recently used first
         # When the dealer cap is reached, which connection to close: the member sets this to score addresses
@@ -428,7 +432,17 @@ class Transport:
             return
         if self.keys is not None:
             msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
+        if msg.type == GOODBYE:
+            self._goodbye(_origin(parts[0]), msg.sender)
         self._spawn(self._handle(routing_id, msg))
+
+    def _goodbye(self, host: str, sender: str) -> None:
+        """Remember that sender at host said goodbye (a few per host, for a bounded number of hosts)."""
+        said = self.goodbyes.setdefault(host, [])
+        self.goodbyes.move_to_end(host)
+        said[:] = [*said, sender][-8:]
+        while len(self.goodbyes) > self.options.max_dealers:
+            self.goodbyes.popitem(last=False)
 
     def _ack(self, ref: str, refusal: str | None = None, retry: bool = False) -> Message:
         """The acknowledgement of request ref: a yes, or a no that says why (and whether to try again)."""
@@ -454,9 +468,13 @@ class Transport:
                 peers[fd] = _peer_of(fd)
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 who = peers.pop(fd, _UNSEEN)
-                self.closings.info(who, "%s: connection from %s closed (the peer left, or sent a "
-                                      "message over the %.3g MB cap)", self.name, who,
-                                   self.options.max_message_bytes / 2**20)
+                said = self.goodbyes.get(who.rsplit(":", 1)[0])
+                if said:
+                    self.closings.info(who, "%s: connection from %s closed: %s left", self.name, who, said.pop(0))
+                else:
+                    self.closings.info(who, "%s: connection from %s closed without a goodbye (the peer stopped, "
+                                       "or sent a message over the %.3g MB cap)", self.name, who,
+                                       self.options.max_message_bytes / 2**20)
 
     async def _handle(self, routing_id: bytes, msg: Message) -> None:
         try:

@@ -13,11 +13,12 @@ from p2pfed.wire.codec import (
     encode,
     peek,
 )
-from p2pfed.wire.messages import NO_REPLY, SCHEMAS
+from p2pfed.wire.messages import GOODBYE, NO_REPLY, SCHEMAS
 
 __all__ = [
     "DEFAULT_LIMITS",
     "DTYPES",
+    "GOODBYE",
     "NO_REPLY",
     "SCHEMAS",
     "WIRE_VERSION",

@@ -269,3 +269,4 @@ def check_value(value: Any, spec: Any, where: str) -> None:
 # Messages that never get a reply; every other message is answered (at least with an ack) so that its
 # sender learns it arrived or that it timed out.
 NO_REPLY = frozenset({"heartbeat", "gossip", "leave", "ack", "welcome", "status"})
+GOODBYE = "leave"  # what a member says as it leaves: the connection it came by closes next

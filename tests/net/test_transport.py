@@ -197,12 +197,27 @@ async def test_message_size_is_capped_at_the_receiving_socket(transports: Make,
     # libzmq refused the frame at the socket: not a byte of it reached the codec (which would count a drop)
     assert len(got) == 1 and receiver.bytes_received == counted and receiver.dropped == 0
     # ... and said nothing: the monitor names the connection it closed
-    assert any(re.fullmatch(r"b: connection from 127\.0\.0\.1:\d+ closed \(the peer left, or sent a message over "
-                            r"the 0\.0954 MB cap\)", r.getMessage()) for r in caplog.records)
+    assert any(re.fullmatch(r"b: connection from 127\.0\.0\.1:\d+ closed without a goodbye \(the peer stopped, or "
+                            r"sent a message over the 0\.0954 MB cap\)", r.getMessage()) for r in caplog.records)
     with pytest.raises(DeliveryError, match=r"exceeds max_message_mb"):  # the sender's own cap, before sending
         await transports("c", options=TransportOptions(max_message_bytes=100_000)).request(
             receiver.address, model(w=torch.zeros(100_000)), timeout=1.5)
     assert (await sender.request(receiver.address, model(w=torch.zeros(1000)), timeout=5)).body["ok"]
+
+
+async def test_a_connection_closed_after_a_goodbye_is_logged_as_the_leave_it_is(
+        transports: Make, caplog: pytest.LogCaptureFixture) -> None:
+    # Every normal leave was logged as "the peer left, or sent a message over the ... cap"
+    sender, receiver, got = pair(transports)
+    with caplog.at_level(logging.INFO, logger="p2pfed"):
+        assert (await sender.request(receiver.address, model(), timeout=5)).body["ok"]
+        await wait_until(lambda: receiver.connections, what="the monitor to see the connection")
+        assert sender.send_nowait(receiver.address, Message("leave", "a", body={}))
+        await wait_until(lambda: [m for m in got if m.type == "leave"], what="the goodbye")
+        sender.forget(receiver.address)
+        await wait_until(lambda: not receiver.connections, what="the connection to close")
+    closes = [r.getMessage() for r in caplog.records if "closed" in r.getMessage()]
+    assert len(closes) == 1 and re.fullmatch(r"b: connection from 127\.0\.0\.1:\d+ closed: a left", closes[0])
 
 
 async def test_reply_size_is_capped_at_the_sending_socket(transports: Make) -> None:
@@ -1172,7 +1187,7 @@ async def test_closed_connections_are_logged_by_peer_and_one_never_seen_says_so(
     with caplog.at_level(logging.INFO, logger="p2pfed.net.transport"), pytest.raises(asyncio.CancelledError):
         await receiver._watch_connections(None)  # type: ignore[arg-type]
     said = [m.group(1) for r in caplog.records
-            for m in [re.match(r"b: connection from (.*) closed \(the peer left", r.getMessage())] if m]
+            for m in [re.match(r"b: connection from (.*) closed without a goodbye", r.getMessage())] if m]
     assert said == [_UNSEEN, *["10.0.0.9:7000"] * 5, "10.0.0.1:5000", "10.0.0.2:5000"]
     assert receiver.connections == {}
 
