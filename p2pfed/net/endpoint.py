@@ -26,6 +26,7 @@ import logging
 import random
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ class MeshOptions:
 
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
+OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
 class JoinError(ConnectionError):
@@ -130,6 +132,9 @@ class Endpoint:
             max_peers=self.options.max_peers,
         )
         self.handlers: dict[str, Handler] = {}
+        # members refused for training another recipe: name -> their fingerprint (the last few), so a node that
+        # waits for peers can say why none came
+        self.other_recipes: OrderedDict[str, str] = OrderedDict()
         self.on_change: list[Callable[[Change], None]] = []
         self.changed = asyncio.Event()
         self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options,
@@ -410,6 +415,10 @@ class Endpoint:
         theirs = body.get("recipe", "")
         if self.recipe and theirs and theirs != self.recipe:
             # both train, and not the same thing: refused before a model of the wrong shape is ever sent
+            self.other_recipes[msg.sender] = theirs
+            self.other_recipes.move_to_end(msg.sender)
+            while len(self.other_recipes) > OTHER_RECIPES_KEPT:
+                self.other_recipes.popitem(last=False)
             raise WireError(f"{msg.sender} trains recipe {theirs}, this member ({self.name}) trains recipe "
                             f"{self.recipe}: members of a mesh must share one recipe (model, input, classes, "
                             "method, training, seed)")

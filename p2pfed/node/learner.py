@@ -46,6 +46,15 @@ log = logging.getLogger(__name__)
 # How far ahead of this node's round a peer's model may be, and be kept for later: a peer that does not
 # wait for this node (it did not choose it) runs ahead; beyond this, this node catches up instead.
 AHEAD = 8
+WAIT_TOLD_EVERY = 10.0  # seconds between "waiting for peers" lines while a node waits to start
+NAMES_SHOWN = 6  # peers named in a round's line (the rest counted)
+
+
+def names(peers: dict[str, Any] | set[str]) -> str:
+    """Up to NAMES_SHOWN of peers' names, sorted, and how many more."""
+    shown = sorted(peers)[:NAMES_SHOWN]
+    more = len(peers) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 class LearningNode(LocalNode):
@@ -135,7 +144,7 @@ class LearningNode(LocalNode):
             await first_of(self.arrivals, self.endpoint.changed, timeout=max(0.0, deadline - time.monotonic()))
         if waiting:
             log.warning("%s: round %d: no %s from %s by the deadline; going on without", self.name, rnd, kind,
-                        ", ".join(sorted(waiting)))
+                        names(waiting))
         return dict(self.inbox.pop((kind, rnd), {}))
 
     async def fetch(self, peer: str, kind: str) -> dict[str, torch.Tensor] | None:
@@ -250,8 +259,20 @@ class LearningNode(LocalNode):
         self.round = self.endpoint.round = start_round
         deadline = time.monotonic() + start_timeout
         # A restarted node does not wait for the run to start: the others have (some may have finished).
+        told = 0.0
         while resumed is None and self.peers_seen() < wait_for_peers and time.monotonic() < deadline:
+            if time.monotonic() - told > WAIT_TOLD_EVERY:
+                told = time.monotonic()
+                log.info("%s: waiting for %d more peers to start (%d of %d heard; %.0f s left)", self.name,
+                         wait_for_peers - self.peers_seen(), self.peers_seen(), wait_for_peers, deadline - told)
             await asyncio.sleep(0.1)
+        others = self.endpoint.other_recipes
+        if resumed is None and self.peers_seen() < wait_for_peers and others:
+            # the peers it waited for came, with another recipe: a mistake to say, not a run alone to start
+            raise ValueError(f"{self.name}: waited {start_timeout:.0f} s for {wait_for_peers} peers of its recipe "
+                             f"{self.endpoint.recipe} and heard {self.peers_seen()}; these train another: "
+                             + ", ".join(f"{name} (recipe {recipe})" for name, recipe in others.items())
+                             + ": start every node with the same scenario or recipe file and --method")
         if start_round > 0:
             # A late (or restarted) node first hears from the members its join introduced to it (those that
             # have left since fall silent and are declared dead within a few heartbeats).
@@ -355,6 +376,9 @@ class LearningNode(LocalNode):
         self.record("round", participated=took_part, train_loss=train_loss, sources=len(expected),
                     received=len(arrived), bytes_sent=self.endpoint.transport.bytes_sent, **metrics)
         self.checkpoint(rnd)
+        log.info("%s: round %d of %d done%s; averaged %d of %d peers' models%s", self.name, rnd + 1,
+                 self.scenario.rounds, f", accuracy {metrics['accuracy']:.1%}" if metrics else "", len(arrived),
+                 len(expected), f" ({names(arrived)})" if arrived else "")
         return rnd
 
     def final_metrics(self) -> dict[str, Any]:

@@ -272,6 +272,8 @@ async def test_members_that_train_different_recipes_refuse_each_other_naming_bot
     await asyncio.sleep(20 * FAST.heartbeat)
     assert states(n0).get("late") != ALIVE and states(late).get("n0") != ALIVE
     assert states(boot)["late"] == ALIVE and states(boot)["n0"] == ALIVE
+    # ... and each remembers whom it refused, with their recipe (a node waiting for peers names them)
+    assert n0.other_recipes["late"] == "b" * 16 and late.other_recipes["n0"] == "a" * 16
     # a member that trains nothing yet (a node whose coordinator will tell it its method) is not refused for it
     plain = members("plain", options=FAST)
     await plain.start("tcp://127.0.0.1:0", [n0.ticket])

@@ -206,7 +206,7 @@ def record_sends(n: LearningNode, then: Callable[[], Any] | None = None) -> list
 
 
 async def test_a_round_averages_the_sources_models_and_its_own_by_sample_count(
-        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+        tmp_path: Path, members: Callable[..., Endpoint], caplog: pytest.LogCaptureFixture) -> None:
     n = fedavg_node(tmp_path, members)
     heard(n, "n00")
     heard(n, "n02")
@@ -217,7 +217,12 @@ async def test_a_round_averages_the_sources_models_and_its_own_by_sample_count(
         await deliver(n, "n02", 0, s2, 30)
 
     sent = record_sends(n, peers_send)
-    assert await n.run_round(0) == 0
+    with caplog.at_level(logging.INFO, logger="p2pfed.node"):
+        assert await n.run_round(0) == 0
+    # a node tells its progress, one line a round (it printed nothing)
+    [line] = [r.getMessage() for r in caplog.records if "done" in r.getMessage()]
+    accuracy = next(r for r in records(tmp_path) if r["event"] == "round")["accuracy"]
+    assert line == f"n01: round 1 of 6 done, accuracy {accuracy:.1%}; averaged 2 of 2 peers' models (n00, n02)"
     [(to, kind, trained)] = sent
     assert to == {"n00", "n02"} and kind == "model" and not close(trained, n.reference)  # its trained model
     # FedAvg (McMahan et al.): the sample-weighted mean of the round's models, this node's own included (written
@@ -418,15 +423,33 @@ async def test_a_node_alone_runs_every_round_once_from_the_first_without_waiting
 
 
 async def test_a_node_waits_for_the_peers_it_is_told_to_wait_for_but_not_forever(
-        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+        tmp_path: Path, members: Callable[..., Endpoint], caplog: pytest.LogCaptureFixture) -> None:
     n = fedavg_node(tmp_path, members)
     ran = scripted_rounds(n)
     asyncio.get_running_loop().call_later(0.3, heard, n, "n00")
-    await n.run(wait_for_peers=1, start_timeout=5)
+    with caplog.at_level(logging.INFO, logger="p2pfed.node"):
+        await n.run(wait_for_peers=1, start_timeout=5)
+    assert "n01: waiting for 1 more peers to start (0 of 1 heard; 5 s left)" in caplog.messages
     assert ran[0][:2] == (0, 1) and 0.3 <= ran[0][2] < 3  # it began once n00 was there, not at the deadline
     ran.clear()
     await n.run(wait_for_peers=2, start_timeout=0.5)  # a second peer never comes: it starts at the deadline
     assert ran[0][:2] == (0, 1) and 0.5 <= ran[0][2] < 3
+
+
+async def test_a_node_that_waited_for_peers_and_met_only_other_recipes_stops_naming_them(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    # Two nodes of different recipes, each waiting for one peer, waited for ever after five warnings
+    n = fedavg_node(tmp_path, members)
+    n.endpoint.recipe = "a" * 16
+    n.endpoint.other_recipes["n02"] = "b" * 16  # as _heard records a refused member (tests/net/test_endpoint.py)
+    ran = scripted_rounds(n)
+    with pytest.raises(ValueError, match=r"n01: waited 0 s for 1 peers of its recipe a{16} and heard 0; these "
+                                         r"train another: n02 .recipe b{16}.: start every node with the same"):
+        await n.run(wait_for_peers=1, start_timeout=0.3)
+    assert not ran
+    heard(n, "n00")  # one peer of its recipe is all it waited for: the others' recipes do not matter then
+    await n.run(wait_for_peers=1, start_timeout=0.3)
+    assert ran
 
 
 async def test_a_restarted_node_does_not_wait_for_the_run_to_start(
