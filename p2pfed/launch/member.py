@@ -26,14 +26,12 @@ log = logging.getLogger(__name__)
 JOIN_WAIT = 60.0  # seconds a learning node or coordinator waits to be welcomed before giving up
 
 
-def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario, method: str | None) -> None:
+def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario) -> None:
     """Take the scenario's mesh settings (timing, message size cap): every member of a scenario's mesh must
-    agree on them. The mesh name stays the one given, else it is the scenario's and method's."""
+    agree on them. The mesh name stays the one given (--mesh, "default"), as a bootstrap started without a
+    scenario has it: members of other methods or scenarios are told apart by their recipe's fingerprint."""
     insecure = cfg.mesh.insecure or scenario.mesh.insecure  # asked for on the command line, or by the scenario
-    if cfg.mesh.mesh != "default" or method is None:
-        cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh, insecure=insecure)
-    else:
-        cfg.mesh = dataclasses.replace(scenario.mesh_for(method), insecure=insecure)
+    cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh, insecure=insecure)
 
 
 def make_endpoint(cfg: NodeConfig, role: str) -> Endpoint:
@@ -91,7 +89,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
         raise ValueError("a node needs --method, or --coordinator to take its method from")
     if method is not None:
         check_method(method, scenario)
-    use_scenario_mesh(cfg, scenario, method)
+    use_scenario_mesh(cfg, scenario)
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +155,7 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
              len(train), len(val), len(test), shape, classes)
     labels = sorted(set(dataset.y_train.tolist())) if dataset.y_train.dim() == 1 else []  # none for words
     partition = Partition([Shard(train, val, test, labels)], [-1])
-    use_scenario_mesh(cfg, recipe, method)
+    use_scenario_mesh(cfg, recipe)
     cfg.name = name
     out.mkdir(parents=True, exist_ok=True)
 
@@ -215,7 +213,7 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
         raise ValueError(f"unknown method {method!r}; a coordinator runs one of {', '.join(CENTRAL)}")
     scenario = load_checked(scenario_path)
     check_method(method, scenario)
-    use_scenario_mesh(cfg, scenario, method)
+    use_scenario_mesh(cfg, scenario)
     cfg.name = cfg.name or "coordinator"
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
