@@ -238,12 +238,11 @@ class LearningNode(LocalNode):
         peer = self.endpoint.peers.peers.get(msg.sender)
         if peer is None or peer.role != "node":
             raise WireError(f"{msg.sender} is not a learning peer {self.name} knows")
-        self._check_window(msg.round, f"a {kind} note for round {msg.round} is")
-        # A note of a past round may still matter (a late joiner's choice of peers, or a restarted node's
-        # announced again): the method takes it; only the inbox, which serves rounds still to be collected,
-        # skips it.
+        # A note of another round may still matter (a late joiner's choice of peers, or a restarted node's
+        # announced again; a peer far ahead telling a newcomer or a restarted node whom it chose): the method
+        # takes it; only the inbox, which serves rounds still to be collected (up to AHEAD), skips it.
         self.method.on_note(kind, msg.sender, msg.round, dict(zip(names, values, strict=True)))
-        if msg.round >= self.round:
+        if self.round <= msg.round <= self.round + AHEAD:
             self.inbox.setdefault((kind, msg.round), {})[msg.sender] = {"names": names, "values": values}
         self.arrivals.set()
         self.arrivals = asyncio.Event()
@@ -273,7 +272,11 @@ class LearningNode(LocalNode):
                              f"{self.endpoint.recipe} and heard {self.peers_seen()}; these train another: "
                              + ", ".join(f"{name} (recipe {recipe})" for name, recipe in others.items())
                              + ": start every node with the same scenario or recipe file and --method")
-        if start_round > 0:
+        # Late: told so (a scripted join, a restart), or started by hand into a mesh whose learning members
+        # report rounds its first catch-up would skip to (two or more ahead; it is then recorded as a skip).
+        late = start_round > 0 or (resumed is None and any(
+            p.role == "node" and p.round >= 2 for p in self.endpoint.peers.peers.values()))
+        if late:
             # A late (or restarted) node first hears from the members its join introduced to it (those that
             # have left since fall silent and are declared dead within a few heartbeats).
             while time.monotonic() < deadline and any(p.state == JOINING for p in self.endpoint.peers.peers.values()):

@@ -170,10 +170,10 @@ def heard(n: LearningNode, peer: str, rnd: int = 0) -> None:
     n.endpoint.peers.heard_from(peer, "tcp://127.0.0.1:9", "node", 1, "", rnd)
 
 
-def introduced(n: LearningNode, peer: str) -> None:
-    """The node's join introduced a learning peer it has not heard from itself yet (joining)."""
+def introduced(n: LearningNode, peer: str, rnd: int = 0) -> None:
+    """The node's join introduced a learning peer at round rnd it has not heard from itself yet (joining)."""
     n.endpoint.peers.learned_of({"name": peer, "address": "tcp://127.0.0.1:9", "role": "node", "incarnation": 1,
-                                 "pubkey": "", "state": ALIVE, "round": 0})
+                                 "pubkey": "", "state": ALIVE, "round": rnd})
 
 
 async def deliver(n: LearningNode, sender: str, rnd: int, state: dict[str, torch.Tensor], samples: int) -> None:
@@ -484,6 +484,23 @@ async def test_a_late_joiner_hears_from_its_introduced_peers_then_starts_at_thei
     assert [r for r, _, _ in ran] == [5]  # only as far as the last round
 
 
+async def test_a_node_started_into_a_mesh_under_way_starts_as_a_late_joiner(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    # `p2pfed node` starts at round 0: one that joined a mesh at round 300 trained round 0 alone (and recorded
+    # it) before it caught up
+    n = fedavg_node(tmp_path, members)
+    ran = scripted_rounds(n)
+    introduced(n, "n00", 4)
+    introduced(n, "n02", 4)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, heard, n, "n00", 4)
+    loop.call_later(0.3, heard, n, "n02", 4)
+    await n.run(start_timeout=5)
+    assert [r for r, _, _ in ran] == [4, 5] and 0.3 <= ran[0][2] < 3
+    skips = [r for r in records(tmp_path) if r["event"] == "skip"]
+    assert [(r["skipped_from"], r["skipped_to"]) for r in skips] == [(0, 4)]  # it did not start with the run
+
+
 async def test_a_node_that_starts_with_the_run_does_not_wait_for_introduced_peers_that_stay_silent(
         tmp_path: Path, members: Callable[..., Endpoint]) -> None:
     n = fedavg_node(tmp_path, members)
@@ -545,10 +562,12 @@ async def test_a_resumed_node_logs_the_round_it_resumes_from(
     assert "n01: resumed from its checkpoint at round 4" in [r.getMessage() for r in caplog.records]
 
 
-async def test_a_choice_announced_rounds_later_is_taken_and_one_from_far_ahead_is_refused(
+async def test_a_choice_announced_rounds_earlier_or_later_is_taken_and_kept_only_within_the_window(
         tmp_path: Path, members: Callable[..., Endpoint]) -> None:
     # Seen in the late-joiner scenario: a late joiner's (or a restarted node's) choice of round 7 reached its
     # chosen peers at round 11; refusing it as "outside this node's rounds" left the joiner with no sources.
+    # And the other way: a node that joined a mesh at round 250 was told its peers' choices of round 250 while
+    # it was at round 0, and refused them all ("beyond this node's rounds 0..8").
     n = node(scenario(tmp_path), members, tmp_path)
     heard(n, "n00", rnd=11)
     n.round = 11
@@ -560,9 +579,10 @@ async def test_a_choice_announced_rounds_later_is_taken_and_one_from_far_ahead_i
     await n._on_note(choices(7, ["n01", "n02"]))
     assert n.method.choosers == {"n00"}  # n01 now sends its models to n00
     assert ("choices", 7) not in n.inbox  # nothing kept for a round that will not be collected again
-    with pytest.raises(WireError, match=r"beyond this node.s rounds 11\.\.19"):
-        await n._on_note(choices(20, ["n02"]))
-    assert n.method.choosers == {"n00"}
+    await n._on_note(choices(250, ["n02"]))  # n00 chose again, far ahead: n01 no longer sends it its models
+    assert n.method.choosers == set() and ("choices", 250) not in n.inbox  # not kept: the inbox stays bounded
+    await n._on_note(choices(12, ["n01"]))
+    assert n.method.choosers == {"n00"} and ("choices", 12) in n.inbox
 
 
 def note(sender: str, kind: str, names: list[str], values: list[float], rnd: int = 0) -> Message:
