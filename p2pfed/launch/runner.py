@@ -30,6 +30,7 @@ from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.methods import MOVED, is_central, load_checked
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
+from p2pfed.net.membership import ALIVE
 from p2pfed.node.client import CentralNode
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, apply_overrides, load_scenario, write_scenario
@@ -119,12 +120,17 @@ class InProcessMesh:
         self.boot = member(self.scenario, self.method, "bootstrap", self.out, "bootstrap")
         await self.boot.start("tcp://127.0.0.1:0")
 
-    async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0) -> None:
+    def entry(self, via: int = -1) -> str:
+        """The ticket a joiner joins through: node via's if it runs, else the bootstrap's."""
         assert self.boot is not None
+        node = self.nodes.get(via)
+        return node.endpoint.ticket if node is not None and not self.tasks[via].done() else self.boot.ticket
+
+    async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0, via: int = -1) -> None:
         name = self.scenario.node_name(index)
         endpoint = member(self.scenario, self.method, name, self.out,
                           recipe=recipe_of(self.scenario, self.method, self.dataset))
-        await endpoint.start("tcp://127.0.0.1:0", [self.boot.ticket])
+        await endpoint.start("tcp://127.0.0.1:0", [self.entry(via)])
         await endpoint.wait_joined(30)
         node = make_node(self.scenario, index, self.method, self.dataset, self.partition, endpoint, self.out)
         self.nodes[index] = node
@@ -177,14 +183,22 @@ class ProcessMesh(InProcessMesh):
         self.procs: dict[int, subprocess.Popen[bytes]] = {}  # node index -> its process
         self.delays: dict[int, float] = {}
 
-    async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0) -> None:
-        await self.start_group([index], start_round, wait_for)
-
-    async def start_group(self, indices: list[int], start_round: int = 0, wait_for: int = 0) -> None:
+    def entry(self, via: int = -1) -> str:
+        """The ticket a joiner joins through: node via's (its address and key as the bootstrap knows them) if it
+        is alive, else the bootstrap's."""
         assert self.boot is not None
+        peer = self.boot.peers.peers.get(self.scenario.node_name(via)) if via >= 0 else None
+        if peer is None or peer.state != ALIVE:
+            return self.boot.ticket
+        return security.ticket(peer.address, peer.pubkey.encode() if peer.pubkey else None)
+
+    async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0, via: int = -1) -> None:
+        await self.start_group([index], start_round, wait_for, via)
+
+    async def start_group(self, indices: list[int], start_round: int = 0, wait_for: int = 0, via: int = -1) -> None:
         first = self.scenario.node_name(indices[0])
         log_path = self.out / (f"{first}.log" if len(indices) == 1 else f"{first}-group.log")
-        cmd = [sys.executable, "-m", "p2pfed", "node", "--join", self.boot.ticket, "--bind", "tcp://127.0.0.1:0",
+        cmd = [sys.executable, "-m", "p2pfed", "node", "--join", self.entry(via), "--bind", "tcp://127.0.0.1:0",
                "--scenario", str(Path(self.scenario.path).resolve()), "--index", ",".join(map(str, indices)),
                "--method", self.method, "--out", str(self.out), "--start-round", str(start_round),
                "--wait-for", str(wait_for), "--mesh", self.options.mesh,
@@ -260,7 +274,7 @@ class Script:
             mesh.run.events.append(f"round {ev.round}: {ev.action} {name} (mesh at round {front})")
             log.info("%s: event at round %d: %s %s", method, front, ev.action, name)
             if ev.action == "join":
-                await mesh.start_node(ev.node, start_round=ev.round)
+                await mesh.start_node(ev.node, start_round=ev.round, via=ev.via)
             elif ev.action in ("leave", "crash"):
                 await mesh.stop_node(ev.node, crash=ev.action == "crash")
                 if ev.action == "crash" and ev.restart_after:

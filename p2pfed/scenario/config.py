@@ -97,6 +97,7 @@ class Event:
     action: str = "join"
     node: int = 0
     restart_after: int = 0  # crash: rounds until the node restarts from its checkpoint (0: never)
+    via: int = -1  # join: the node whose ticket the joiner joins through (-1: the bootstrap's)
     delay: float = 0.0  # slow: seconds added to every model the node sends
 
 
@@ -259,6 +260,9 @@ class Scenario:
                 raise ConfigError(f"{where}events[{i}].action must be one of {', '.join(ACTIONS)}")
             if not 0 <= ev.node < self.nodes or not 0 <= ev.round < self.rounds:
                 raise ConfigError(f"{where}events[{i}] names node {ev.node} / round {ev.round} outside the scenario")
+            if ev.via != -1 and (ev.action != "join" or not 0 <= ev.via < self.nodes or ev.via == ev.node):
+                raise ConfigError(f"{where}events[{i}].via: a join goes through another node of the scenario (0.."
+                                  f"{self.nodes - 1}), or leave via out for the bootstrap")
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], former: Sequence[str] = ()) -> dict[str, Any]:

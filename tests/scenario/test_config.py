@@ -124,6 +124,9 @@ def test_each_setting_that_cannot_work_is_named(tmp_path: Path, settings: list[s
     (EVENT.format(round=5, action="crash", node=0), "", "events[0] names node 0 / round 5 outside the scenario"),
     (EVENT.format(round=1, action="crash", node=0), "workers = 2\n",
      "events need workers = 1 (all nodes here) or processes = true"),
+    *[(EVENT.format(round=1, action=action, node=0) + f"via = {via}\n", "",
+       "events[0].via: a join goes through another node of the scenario (0..3), or leave via out")
+      for action, via in [("join", 0), ("join", 4), ("join", -2), ("crash", 1)]],
 ])
 def test_a_scripted_event_that_cannot_happen_is_named(tmp_path: Path, events: str, extra: str, message: str) -> None:
     path = tmp_path / "s.toml"

@@ -4,12 +4,15 @@ cluster's peers, a crashed node restarts from its checkpoint, and the run folder
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from p2pfed.launch.runner import run_scenario
 from p2pfed.scenario.config import load_scenario
@@ -55,6 +58,7 @@ LATE_AND_CRASH = """
 round = 5
 action = "join"
 node = 8
+via = 0  # through a live node of another cluster, not the bootstrap: it learns the whole mesh all the same
 
 [[events]]
 round = 6
@@ -86,11 +90,13 @@ def records(run: Path, method: str, node: str) -> list[dict]:
     return [json.loads(line) for line in (run / method / f"{node}.jsonl").read_text().splitlines()]
 
 
-def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_path: Path) -> None:
+def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     scenario = load_scenario(write(tmp_path, events=LATE_AND_CRASH))
     out = tmp_path / "run"
     shown: list[tuple[str, int, int]] = []
-    run_scenario(scenario, out, lambda method, done, total: shown.append((method, done, total)))
+    with caplog.at_level(logging.INFO, logger="p2pfed.net.endpoint"):
+        run_scenario(scenario, out, lambda method, done, total: shown.append((method, done, total)))
     # the progress shown ends at every round done (a peer-to-peer run's stopped one short: 29 of 30)
     assert shown[-1] == ("pfedlia-p2p", scenario.rounds, scenario.rounds)
     summary = json.loads((out / "summary.json").read_text())["methods"]["pfedlia-p2p"]
@@ -98,6 +104,9 @@ def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(tmp_
     assert summary["accuracy"] > 0.9 and summary["nodes_finished"] == 9
     late = [r for r in records(out, "pfedlia-p2p", "n08") if r["event"] == "choice"]
     assert late and set(late[0]["chosen"]) == {"n06", "n07"}  # n08's true cluster mates
+    # it joined through n00 and scored every live node (n01 crashed at round 6: it may have been down)
+    assert "(n00)" in next(x for x in caplog.messages if "n08: joined mesh" in x)
+    assert set(late[0]["scores"]) >= {"n00", *(f"n0{i}" for i in range(2, 8))}
     assert min(r["round"] for r in records(out, "pfedlia-p2p", "n08") if r["event"] == "round") >= 5
     # ... and then trains with them: models from its chosen peers arrive in its rounds (a late joiner used to
     # finish its join ~35 rounds behind them and receive nothing for the rest of the run)
