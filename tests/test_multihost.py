@@ -7,7 +7,11 @@ the other hosts. Needs root and iproute2 (CI has both).
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,5 +93,56 @@ def test_a_bootstrap_bound_to_a_wildcard_advertises_a_routable_address(net: Netw
         assert st["peers"][0]["name"] == "bootstrap" and st["peers"][0]["address"] == boot
         wait_for(lambda: seen_from(3) == dict.fromkeys(names, "alive"), 30, "node3 to see everyone alive")
         assert "127." not in (tmp_path / "h1.log").read_text()
+    finally:
+        stop(*procs)
+
+
+def test_the_readmes_cross_machine_recipe_works_as_written(net: Network, tmp_path: Path) -> None:
+    # The README's commands, run as written on three hosts (A, B, C) and asked from a fourth, each with a key
+    # folder of its own as separate machines have: only the tickets the members print join them. Its host
+    # names are this network's addresses, KEY and KEY_OF_B the keys that A and B print.
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("## Run a mesh across machines", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split() for line in block.splitlines() if line.startswith("p2pfed ")]
+    assert [c[1] for c in commands] == ["bootstrap", "node", "node", "mesh"]
+    hosts = {"A": 1, "B": 2, "C": 3}
+    printed: dict[str, str] = {}
+
+    def as_written(args: list[str]) -> list[str]:
+        text = " ".join(args[1:])
+        for name, h in hosts.items():
+            text = text.replace(f"tcp://{name}:", f"tcp://{net.addr(h)}:")
+        return text.replace("KEY_OF_B", printed.get("B", "?")).replace("KEY", printed.get("A", "?")).split()
+
+    node_cfg, boot_cfg = configs(tmp_path)  # faster heartbeats than the defaults, nothing else
+
+    def start(args: list[str], h: int) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "P2PFED_HOME": str(tmp_path / f"host{h}")}
+        log = open(tmp_path / f"h{h}.log", "wb")  # noqa: SIM115 - closed with the process
+        cfg = boot_cfg if args[1] == "bootstrap" else node_cfg
+        return subprocess.Popen([*net.on(h), sys.executable, "-m", "p2pfed", *as_written(args), "--config",
+                                 str(cfg)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+    def key_printed(h: int) -> str:
+        wait_for(lambda: "join it with --join" in (tmp_path / f"h{h}.log").read_text(), 30, f"host {h}'s ticket")
+        line = next(x for x in (tmp_path / f"h{h}.log").read_text().splitlines() if "join it with --join" in x)
+        return line.rsplit("/", 1)[1]
+
+    procs = [start(commands[0], 1)]
+    try:
+        printed["A"] = key_printed(1)
+        procs.append(start(commands[1], 2))
+        printed["B"] = key_printed(2)
+        procs.append(start(commands[2], 3))
+        env = {**os.environ, "P2PFED_HOME": str(tmp_path / "host4")}
+
+        def seen() -> dict[str, str]:
+            res = subprocess.run([*net.on(4), sys.executable, "-m", "p2pfed", *as_written(commands[3]), "--json",
+                                  "--timeout", "2"], capture_output=True, timeout=30, env=env)
+            return peer_states(json.loads(res.stdout)) if res.returncode == 0 else {}
+
+        wait_for(lambda: seen() == {"bootstrap": "alive", "node-b": "alive", "node-c": "alive"}, 60,
+                 "the README's mesh to form, seen from a fourth host")
+        assert not list((tmp_path / "host4").glob("keys/*.key_secret"))  # asking made no member of the asker
     finally:
         stop(*procs)
