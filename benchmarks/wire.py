@@ -9,18 +9,20 @@ Paths measured in the same run, each the median of --repeat transfers:
 - pickle: pickle.dumps(state dict) -> pyzmq -> pickle.loads (what decentralizepy and p2pfl do; never
   done by p2pfed, shown for comparison).
 
-Run: python benchmarks/wire.py [--repeat 7]
+Run: python benchmarks/wire.py [--repeat 7] [--json benchmarks/results/wire.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import pickle
 import socket
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torchvision
@@ -140,6 +142,7 @@ async def p2pfed_transfer(sd: dict[str, torch.Tensor], repeat: int, keyed: bool 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--json", type=Path, help="also write the figures here (what docs/ tables are drawn from)")
     args = parser.parse_args()
     sd = state_dict()
     size = nbytes(sd)
@@ -151,11 +154,19 @@ def main() -> None:
     mb = size / 1e6
     print(f"ResNet-18 state dict: {len(sd)} tensors, {mb:.1f} MB, median of {args.repeat} transfers\n")
     print(f"{'path':<36}{'MB/s':>10}{'x raw TCP':>12}")
-    for label, secs in [("raw TCP loopback (reference)", raw), ("plain pyzmq PUSH/PULL", zmq_plain),
-                        ("p2pfed model message, CURVE, acked", ours),
-                        ("p2pfed model message, --insecure", insecure), ("pickle over pyzmq", pickled)]:
+    rows = [("raw TCP loopback (reference)", raw), ("plain pyzmq PUSH/PULL", zmq_plain),
+            ("p2pfed model message, CURVE, acked", ours), ("p2pfed model message, --insecure", insecure),
+            ("pickle over pyzmq", pickled)]
+    for label, secs in rows:
         print(f"{label:<36}{mb / secs:>10.0f}{raw / secs:>12.2f}")
     print(f"\nCURVE keys (the default) cost: {ours / insecure:.2f}x the time of an --insecure transfer")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "megabytes": mb, "tensors": len(sd), "repeat": args.repeat,
+            "paths": [{"path": label, "seconds": secs, "mb_per_s": mb / secs, "x_raw_tcp": raw / secs}
+                      for label, secs in rows],
+            "curve_over_insecure": ours / insecure}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
