@@ -137,9 +137,7 @@ def _status_keys(args: argparse.Namespace) -> tuple[Any, bytes | None]:
         where = keys if args.keys else dataclasses.replace(keys, home=security.default_key_home())
         server_key = security.resolve_key(args.join_key, where)
     if server_key is None:
-        raise ConfigError(f"asking {args.join} needs the public key of the member there: pass its ticket, "
-                          f"--join {args.join}/KEY, as it prints at its start (or --join-key KEY or FILE; or "
-                          "--insecure for an insecure mesh)")
+        raise ConfigError(security.missing_key(args.join, "asking"))
     return keys, server_key
 
 

@@ -46,8 +46,7 @@ class MeshWatcher:
             keys = keys or security.ephemeral_keys()
             join_key = join_key or in_ticket
             if join_key is None:
-                raise ValueError(f"watching {address} needs the public key of the member there: pass its ticket "
-                                 f"{address}/KEY (printed at its start), or --join-key")
+                raise ValueError(security.missing_key(address, "watching"))
         self.join, self.mesh, self.keys, self.join_key = address, mesh, None if insecure else keys, join_key
         self.every, self.timeout = every, timeout
         self.parallel = asyncio.Semaphore(parallel)

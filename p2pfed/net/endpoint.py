@@ -193,11 +193,7 @@ class Endpoint:
         return address, key
 
     def _missing_join_key(self, address: str) -> JoinError:
-        return JoinError(
-            f"{self.name}: joining through {address} needs the public key of the member there: pass its ticket, "
-            f"--join {address}/KEY, as that member prints it at its start (or --join-key KEY, FILE, or the name of "
-            "a member started on this machine; or --insecure on every member, for a network where every host is "
-            "trusted)")
+        return JoinError(f"{self.name}: {security.missing_key(address)}")
 
     def _report_crash(self, task: asyncio.Task[None]) -> None:
         """A background task must never die silently: log its exception with the traceback."""
@@ -537,8 +533,7 @@ async def query_status(address: str, *, mesh: str = "default", keys: security.Ke
     if not insecure:
         keys = keys or security.ephemeral_keys()
         if server_key is None:
-            raise ValueError(f"asking {address} needs the public key of the member there: pass its ticket "
-                             f"{address}/KEY (printed at its start), or --join-key")
+            raise ValueError(security.missing_key(address, "asking"))
     transport = Transport(f"status-{time.time_ns() % 100000}", _no_handler, keys=None if insecure else keys)
     try:
         msg = Message("status_req", transport.name, mesh=mesh)

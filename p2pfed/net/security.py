@@ -132,6 +132,13 @@ def ticket(address: str, public: bytes | None) -> str:
     return f"{address}/{hex_key(public)}" if public else address
 
 
+def missing_key(address: str, doing: str = "joining through") -> str:
+    """What a user is told when the member at address cannot be reached for want of its public key."""
+    return (f"{doing} {address} needs the public key of the member there: pass its ticket, --join {address}/KEY, "
+            "as that member prints it at its start (or --join-key KEY, FILE, or the name of a member started on "
+            "this machine; or --insecure on every member, for a network where every host is trusted)")
+
+
 def split_ticket(value: str) -> tuple[str, bytes | None]:
     """(address, public key or None) of a ticket tcp://HOST:PORT/KEY or of a plain address. Raise BadKey
     for a key part that is not a key."""
