@@ -300,10 +300,17 @@ class ProgressBars:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Redraw the table and plots of a run folder (of a run over seeds: of each seed's and of all)."""
-    from p2pfed.report.results import report_run
+    """Redraw the table and plots of a run folder (of a run over seeds: of each seed's and of all); with --ship,
+    copy what they are drawn from into a folder to commit, and redraw them there."""
+    from p2pfed.report.results import report_run, results_table
     from p2pfed.report.seeds import crash_lines, is_seeds_folder, seeds_table, write_seeds_report
+    from p2pfed.report.ship import ship_run
 
+    if args.ship:
+        summary = ship_run(Path(args.run_dir), Path(args.ship))
+        print(seeds_table(summary) if "seeds" in summary else results_table(summary))
+        print(f"shipped to {args.ship}: `p2pfed report {args.ship}` redraws this table and its plots from it")
+        return 0
     if is_seeds_folder(Path(args.run_dir)):
         summary = write_seeds_report(Path(args.run_dir))
         print("\n".join([seeds_table(summary), *crash_lines(summary)]))
@@ -610,6 +617,9 @@ def _add_run_commands(sub: Any) -> None:
 
     p = sub.add_parser("report", help="redraw the table and plots of a run folder")
     p.add_argument("run_dir")
+    p.add_argument("--ship", metavar="DEST", help="also copy what the report is drawn from (partition, scenario, "
+                                                  "each node's metrics, compressed; no checkpoints) into the new "
+                                                  "folder DEST, to commit beside the results it shows")
     p.set_defaults(func=cmd_report, verbose=0)
 
 

@@ -1,4 +1,5 @@
-"""The metrics files of a run folder: one JSON object per line, one file per member (``<name>.jsonl``).
+"""The metrics files of a run folder: one JSON object per line, one file per member (``<name>.jsonl``, or
+``<name>.jsonl.gz`` in a run folder shipped with its results: ``p2pfed report RUN --ship DEST``).
 
 Writing opens, appends and closes per record: a record is on disk as soon as it is written (a member that
 crashes loses nothing recorded), and records come a few per round, so the open costs nothing that shows.
@@ -6,6 +7,7 @@ crashes loses nothing recorded), and records come a few per round, so the open c
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from pathlib import Path
@@ -19,11 +21,17 @@ def append_record(path: Path, event: str, node: str, method: str | None, rnd: in
         f.write(json.dumps(line) + "\n")
 
 
+def record_files(method_dir: Path) -> list[Path]:
+    """A method folder's metrics files, by member name (written ones and shipped, compressed ones)."""
+    return sorted([*method_dir.glob("*.jsonl"), *method_dir.glob("*.jsonl.gz")], key=lambda p: p.name)
+
+
 def read_records(method_dir: Path) -> list[dict[str, Any]]:
     """Every JSONL record of a method's nodes (a torn last line of a crashed node is skipped)."""
     records = []
-    for path in sorted(method_dir.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
+    for path in record_files(method_dir):
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        for line in text.splitlines():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:

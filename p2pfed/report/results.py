@@ -35,7 +35,7 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 from tabulate import tabulate
 
 from p2pfed.influence.selection import mutual_clusters
-from p2pfed.report.records import read_records
+from p2pfed.report.records import read_records, record_files
 
 # What methods record that the report reads, whatever the method: a node's "choice" of peers ("chosen", and
 # the "scores" it chose by, name → number), from which clusters are the mutual choices; a node's score row
@@ -196,7 +196,7 @@ def _excluded_by(adversary: str, choices: dict[str, list[str]], found: dict[str,
 def write_report(run_dir: Path) -> dict[str, Any]:
     """Write summary.json, results.md and the plots of a run folder; return the summary."""
     partition = json.loads((run_dir / "partition.json").read_text())
-    methods = [p for p in sorted(run_dir.iterdir()) if p.is_dir() and (any(p.glob("*.jsonl")))]
+    methods = [p for p in sorted(run_dir.iterdir()) if p.is_dir() and record_files(p)]
     summary = {"methods": {m.name: summarize_method(m, partition) for m in methods}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (run_dir / "results.md").write_text(results_table(summary, fmt="github") + "\n")
