@@ -1,0 +1,140 @@
+"""The docs a user reads: every link leads somewhere, every command shown parses, every results table is drawn
+from the files committed beside it, and no paper is named by a number."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from p2pfed.cli import build_parser
+from p2pfed.methods import METHODS
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "CITATIONS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def tables_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "tools" / "docs_tables.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as a code host makes it: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def links(page: Path) -> list[str]:
+    text = FENCE.sub("", page.read_text())
+    return [a or b for a, b in LINK.findall(text)]
+
+
+def commands(page: Path) -> list[str]:
+    """Every command of the page's shell blocks, continuation lines joined, comments and prompts left out."""
+    found = []
+    for lang, block in FENCE.findall(page.read_text()):
+        if lang not in ("bash", "sh", "console", ""):
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+            found += [part.strip() for part in line.split("&&") if part.strip()]
+    return found
+
+
+def test_the_readme_is_a_front_door() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    for heading in ("## Install and run", "## Three ways to use it", "## Methods", "## Results"):
+        assert heading in text, heading
+    assert "Write your own method" in text
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_leads_to_a_file_and_heading_that_exist(page: Path) -> None:
+    broken = []
+    for target in links(page):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_shown_parses_and_names_files_that_exist(page: Path) -> None:
+    parser = build_parser()
+    for command in commands(page):
+        argv = shlex.split(command)
+        if argv[0] == "p2pfed":
+            try:
+                args = parser.parse_args(argv[1:])
+            except SystemExit:
+                pytest.fail(f"{page.name}: `{command}` does not parse")
+            for name in ("scenario", "recipe"):  # a shipped scenario it names must exist
+                value = getattr(args, name, None)
+                if isinstance(value, str) and value.startswith("scenarios/"):
+                    assert (ROOT / value).exists(), (page.name, command)
+        elif argv[0] in ("python", "python3", "bash") and not argv[1].startswith("-"):
+            assert (ROOT / argv[1]).exists(), (page.name, command)
+
+
+def test_the_command_check_sees_a_flag_that_does_not_exist(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("```bash\np2pfed run scenarios/quickstart.toml \\\n  --no-such-flag  # a comment\n```\n")
+    (argv,) = commands(page)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(shlex.split(argv)[1:])
+
+
+def test_every_results_table_is_drawn_from_its_committed_files() -> None:
+    tool = tables_tool()
+    stale = [str(p.relative_to(ROOT)) for p in tool.docs() if tool.draw(p.read_text(), p) != p.read_text()]
+    assert not stale, f"tables that are not what their files give: {stale} (run python3 tools/docs_tables.py)"
+    marked = sum(p.read_text().count("<!-- table: ") for p in tool.docs())
+    assert marked >= 5  # README's quickstart, its results page, compare-digits, the benchmarks
+
+
+def test_a_table_edited_by_hand_is_caught() -> None:
+    tool = tables_tool()
+    page = ROOT / "docs" / "results" / "quickstart.md"
+    text = page.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| pfedlia-p2p "))
+    edited = text.replace(row, row.replace(" |", " 1 |", 1))
+    assert edited != text
+    assert tool.draw(edited, page) == text  # drawn anew from summary.json, whatever the page said
+
+
+def test_no_paper_is_named_by_a_number_where_a_user_reads() -> None:
+    where = [*PAGES, *sorted((ROOT / "scenarios").glob("*.toml")), *sorted((ROOT / "p2pfed").rglob("*.py"))]
+    numbered = [str(p.relative_to(ROOT)) for p in where if re.search(r"[Pp]apers? 00[0-4]", p.read_text())]
+    assert not numbered, numbered
+
+
+def test_every_method_runs_in_a_shipped_scenario_whose_results_are_shipped() -> None:
+    shipped = {}
+    for summary in (ROOT / "scenarios" / "results").glob("*/summary.json"):
+        shipped.update(dict.fromkeys(json.loads(summary.read_text())["methods"], summary.parent.name))
+    scenario = tomllib.loads((ROOT / "scenarios" / "compare-digits.toml").read_text())
+    assert set(METHODS) <= set(scenario["scenario"]["methods"])
+    assert set(METHODS) <= set(shipped), sorted(set(METHODS) - set(shipped))

@@ -1,0 +1,151 @@
+"""Draw every results table in README.md and docs/ from the files committed beside them.
+
+A table in Markdown sits between two markers, and this script writes what is between them:
+
+    <!-- table: scenarios/results/quickstart/summary.json -->   a run's (or a run over seeds') table, as
+    <!-- end table -->                                          `p2pfed report` draws it (methods=a,b: only those)
+    <!-- table: benchmarks/results/wire.json -->                a benchmark's figures
+    <!-- headline -->                                           README's one-line-per-experiment table
+    <!-- end headline -->
+
+Run: python3 tools/docs_tables.py [--check]   (--check: exit 1, naming each stale table, instead of writing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from p2pfed.report.results import results_table
+from p2pfed.report.seeds import seeds_table
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = re.compile(r"(<!-- table: (?P<path>\S+)(?P<opts>(?: \w+=\S+)*) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+HEADLINE = re.compile(r"(<!-- headline -->\n)(?P<body>.*?)(<!-- end headline -->)", re.S)
+# README's headline: per shipped experiment its results page, and the methods whose accuracy it shows
+HEADLINE_RUNS = [
+    ("quickstart", "digits, 20 nodes, 5 clusters", "docs/results/quickstart.md"),
+    ("compare-digits", "digits, 20 nodes, every method", "docs/results/compare-digits.md"),
+    ("feature-digits", "digits, 12 nodes, 4 rotations", "docs/results/pfedlia.md#feature-space-heterogeneity"),
+    ("scandinavian", "next character, 12 nodes, 4 languages", "docs/results/pfedlia.md"),
+    ("fmnist-pathological", "Fashion-MNIST, 100 nodes, 5 clusters", "docs/results/pfedlia.md"),
+    ("fmnist-noisy", "Fashion-MNIST, 100 nodes, noisy clusters", "docs/results/pfedlia.md"),
+]
+HEADLINE_METHODS = ("pfedlia-p2p", "oracle-p2p", "fedavg-p2p", "local-p2p")
+
+
+def docs() -> list[Path]:
+    """The Markdown files whose tables this script draws."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def summary_table(path: Path, opts: dict[str, str]) -> str:
+    """A run's table as `p2pfed report` draws it (of a run over seeds: mean ± sd)."""
+    summary = json.loads(path.read_text())
+    if "methods" in opts:
+        wanted = opts["methods"].split(",")
+        missing = [m for m in wanted if m not in summary["methods"]]
+        if missing:
+            raise ValueError(f"{path.relative_to(ROOT)} has no method {', '.join(missing)}")
+        summary = {**summary, "methods": {m: summary["methods"][m] for m in wanted}}
+    return seeds_table(summary, fmt="github") if "seeds" in summary else results_table(summary, fmt="github")
+
+
+def wire_table(figures: dict[str, Any]) -> str:
+    rows = ["| path | MB/s | × raw TCP |", "|---|---:|---:|"]
+    rows += [f"| {p['path']} | {p['mb_per_s']:.0f} | {p['x_raw_tcp']:.2f} |" for p in figures["paths"]]
+    return "\n".join(rows)
+
+
+def keys_table(figures: dict[str, Any]) -> str:
+    rows = ["| pair | keys (s) | --insecure (s) | ratio |", "|---:|---:|---:|---:|"]
+    rows += [f"| {i} | {p['keyed_s']:.1f} | {p['insecure_s']:.1f} | {p['ratio']:.3f} |"
+             for i, p in enumerate(figures["pairs"], 1)]
+    rows.append(f"| median | | | {statistics.median(p['ratio'] for p in figures['pairs']):.3f} |")
+    return "\n".join(rows)
+
+
+def lia_table(figures: dict[str, Any]) -> str:
+    rows = ["| what | time | ratio |", "|---|---:|---:|"]
+    if "scoring" in figures:
+        s = figures["scoring"]
+        rows += [f"| (a) score {s['peers']} partial models on {s['validation_samples']} {s['dataset']} samples, "
+                 f"one at a time | {1e3 * s['one_at_a_time_s']:.1f} ms | 1 |",
+                 f"| (a) the same, batched over stacked parameters (`torch.func.vmap`) | "
+                 f"{1e3 * s['batched_s']:.1f} ms | {s['speed_up']:.2f}x |"]
+    if "lazy_vs_exact" in figures:
+        b = figures["lazy_vs_exact"]
+        rows += [f"| (b) exact influence of a 100-point batch (retrain on {b['initial_points']} + 100 points to "
+                 f"loss < {b['threshold']}) | {b['exact_s']:.2f} s | 1 |",
+                 f"| (b) lazy influence of the same batch ({b['lazy_epochs']} epochs on the batch) | "
+                 f"{b['lazy_s']:.3f} s | {b['speed_up']:.0f}x cheaper |"]
+    return "\n".join(rows)
+
+
+BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table}
+
+
+def headline() -> str:
+    """One row per shipped experiment: the mean accuracy of pFedLIA p2p and the baselines that bound it."""
+    rows = ["| experiment | " + " | ".join(f"{m} %" for m in HEADLINE_METHODS) + " | best method |",
+            "|---|" + "---:|" * len(HEADLINE_METHODS) + "---|"]
+    for name, what, page in HEADLINE_RUNS:
+        path = ROOT / "scenarios" / "results" / name / "summary.json"
+        if not path.exists():
+            continue  # not shipped yet: no row rather than a row of numbers nobody can check
+        methods = json.loads(path.read_text())["methods"]
+        cells = [f"{100 * methods[m]['accuracy']:.2f}" if m in methods else "–" for m in HEADLINE_METHODS]
+        best = max(methods, key=lambda m: methods[m]["accuracy"] or 0)
+        rows.append(f"| [{name}]({page}): {what} | " + " | ".join(cells)
+                    + f" | {best} ({100 * methods[best]['accuracy']:.2f}) |")
+    return "\n".join(rows)
+
+
+def draw(text: str, where: Path) -> str:
+    """text with every marked table drawn anew."""
+    def table(m: re.Match[str]) -> str:
+        path = ROOT / m["path"]
+        if not path.exists():
+            raise FileNotFoundError(f"{where.relative_to(ROOT)}: a table is drawn from {m['path']}, which is missing")
+        opts = dict(o.split("=", 1) for o in m["opts"].split())
+        if path.name == "summary.json":
+            body = summary_table(path, opts)
+        elif path.name in BENCHMARKS:
+            body = BENCHMARKS[path.name](json.loads(path.read_text()))
+        else:
+            raise ValueError(f"{where.relative_to(ROOT)}: no table is drawn from {m['path']}")
+        return m.group(1) + body + "\n" + m.group(5)
+
+    text = TABLE.sub(table, text)
+    return HEADLINE.sub(lambda m: m.group(1) + headline() + "\n" + m.group(3), text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table differs from its files")
+    args = parser.parse_args()
+    stale = []
+    for path in docs():
+        text = path.read_text()
+        drawn = draw(text, path)
+        if drawn != text:
+            stale.append(str(path.relative_to(ROOT)))
+            if not args.check:
+                path.write_text(drawn)
+    if args.check and stale:
+        print("tables not drawn from their files: " + ", ".join(stale) + " (run python3 tools/docs_tables.py)",
+              file=sys.stderr)
+        return 1
+    print(("redrawn: " + ", ".join(stale)) if stale and not args.check else "every table matches its files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
