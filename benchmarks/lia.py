@@ -2,7 +2,7 @@
 
 (a) Scoring N peer partial models on one validation split: batched over stacked parameters with
     torch.func.vmap (what the nodes do) against one model at a time. Target: at least 4x on CPU.
-(b) Lazy influence against exact influence for the same batch of 100 points (paper 002, §III-E): exact
+(b) Lazy influence against exact influence for the same batch of 100 points (Rokvic et al. 2025, §III-E): exact
     retrains a model from scratch on the initial data plus the batch until the training loss falls below a
     threshold, then evaluates; lazy trains w0 for a few epochs on the batch only, then evaluates.
     The paper reports 40–500x.

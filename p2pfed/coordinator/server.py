@@ -98,8 +98,8 @@ class Coordinator:
     def indicator_samples(self, per_class: int) -> torch.Tensor:
         """per_class training inputs of every class, drawn with the scenario's seed: samples a method's
         server may hold (its indicator samples). With data.server_per_class set, the partition dealt none of
-        them to a node (paper 000's protocol): these are the first per_class of each class's set-aside samples;
-        else they may also be in some node's shard."""
+        them to a node (the protocol of Li et al. 2022): these are the first per_class of each class's
+        set-aside samples; else they may also be in some node's shard."""
         y = self.dataset.y_train.numpy()
         held = self.scenario.data.server_per_class
         if not held:
@@ -222,8 +222,8 @@ class Coordinator:
 
     async def test_served(self, served: dict[str, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
                           validated: list[float]) -> None:
-        """Paper 004's protocol: the served model's accuracy on the server's held-out test set, recorded with
-        the nodes' mean validation accuracy of the same model, by which the report picks the best round."""
+        """The protocol of Ye et al. 2023: the served model's accuracy on the server's held-out test set, recorded
+        with the nodes' mean validation accuracy of the same model, by which the report picks the best round."""
         x, y = test
         module = build_model(self.cfg.model, self._shape[0], self._shape[1], seed=self.seed)
         module.load_state_dict(served)  # its own instance: the test runs in a thread while the loop goes on

@@ -1,6 +1,6 @@
-"""Lazy Influence Approximation (paper 002, §III-D): a node trains a copy of w0 for a few epochs on a batch of
-its training data (the partial model: learn.train.train_copy), and scores a peer's partial model on its own
-validation split:
+"""Lazy Influence Approximation (Rokvic et al. 2025, §III-D): a node trains a copy of w0 for a few epochs on a
+batch of its training data (the partial model: learn.train.train_copy), and scores a peer's partial model on
+its own validation split:
 
     influence_j = loss(w0) − loss(partial_j)        (eq. 1; positive: peer j's data helps me)
 

@@ -1,5 +1,5 @@
-"""Peer selection from lazy influence scores (paper 002, §III-F): peer to peer, each node splits its score
-vector into two groups with 2-means and aggregates with the higher group.
+"""Peer selection from lazy influence scores (Rokvic et al. 2025, §III-F): peer to peer, each node splits its
+score vector into two groups with 2-means and aggregates with the higher group.
 
 Two rules, ``[methods.pfedlia-p2p] selection``:
 - ``"paper"``: plain 2-means, the higher group, whatever the scores are (every peer when they cannot be

@@ -2,9 +2,10 @@
 
 ``cifar100-superclasses``: CIFAR-100's 100 fine labels (alphabetical, as the dataset numbers them) in its 20
 superclasses (also alphabetical: 0 aquatic mammals, 1 fish, 2 flowers, ..., 18 vehicles 1, 19 vehicles 2), the
-grouping the dataset ships with. Paper 002 builds its CIFAR-100 clusters from it: "we group classes into their
-superclasses and then assign four super classes per cluster". The test checks every superclass's five members
-by name against the dataset's documentation, so the map can be trusted without downloading the dataset.
+grouping the dataset ships with. Rokvic et al. 2025 build their CIFAR-100 clusters from it: "we group classes
+into their superclasses and then assign four super classes per cluster". The test checks every superclass's
+five members by name against the dataset's documentation, so the map can be trusted without downloading the
+dataset.
 """
 
 from __future__ import annotations

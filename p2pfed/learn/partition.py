@@ -1,11 +1,11 @@
 """Split a dataset over clients, deterministically from a seed, so a node on another machine that knows
 the scenario derives exactly its own shard.
 
-Each client gets train, validation (a fraction of its training shard, 20% in paper 002) and test indices;
-its test shard follows the same label assignment as its training shard, so test accuracy is personalised.
-A partition records each client's true cluster where one exists (for ARI/NMI and the Oracle baseline).
-Label skew decides which samples a client gets; feature skew (the ``feature`` partition) also gives each
-client a transform of its inputs (learn/transforms.py), which its train, validation and test sets all go
+Each client gets train, validation (a fraction of its training shard, 20% in Rokvic et al. 2025) and test
+indices; its test shard follows the same label assignment as its training shard, so test accuracy is
+personalised. A partition records each client's true cluster where one exists (for ARI/NMI and the Oracle
+baseline). Label skew decides which samples a client gets; feature skew (the ``feature`` partition) also gives
+each client a transform of its inputs (learn/transforms.py), which its train, validation and test sets all go
 through, so that its test set follows its own transform.
 """
 
@@ -46,7 +46,7 @@ class Partition:
 
 def server_samples(y_train: np.ndarray, per_class: int, seed: int) -> np.ndarray:
     """The training samples a server holds, per_class of every class (all of a class with fewer), drawn with
-    the scenario's seed: FedDSMIC's indicator samples (paper 000 draws 10 per class "before partitioning
+    the scenario's seed: FedDSMIC's indicator samples (Li et al. 2022 draw 10 per class "before partitioning
     the client data"). The same draw on every machine; sorted indices into the training split."""
     gen = np.random.default_rng(seed + 7919)
     picks = [gen.choice(np.flatnonzero(y_train == c), size=min(per_class, int((y_train == c).sum())), replace=False)
@@ -108,12 +108,12 @@ def _finish(train_parts: list[list[np.ndarray]], test_parts: list[list[np.ndarra
 def pathological(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int, seed: int,
                  val_fraction: float = 0.2, extra_labels: int = 0, extra_prob: float = 0.0,
                  groups: str = "none") -> Partition:
-    """Paper 002's pathological clusters: labels split evenly over clusters, each label exclusive to one.
+    """Pathological clusters (Rokvic et al. 2025): labels split evenly over clusters, each label exclusive to one.
 
     With groups (learn/labels.py) the groups of labels are split evenly instead, and a cluster holds every
-    label of its groups (CIFAR-100: 20 superclasses, four per cluster of five, as paper 002 does).
-    With extra_prob > 0 this is the noisy setting: each client, with that probability, also gets
-    extra_labels random labels from outside its cluster (002: 0.5 and one label; five for CIFAR-100).
+    label of its groups (CIFAR-100: 20 superclasses, four per cluster of five, as Rokvic et al. 2025 do). With
+    extra_prob > 0 this is the noisy setting: each client, with that probability, also gets extra_labels
+    random labels from outside its cluster (Rokvic et al. 2025: 0.5 and one label; five for CIFAR-100).
     Clients are assigned to clusters in contiguous blocks (client i in cluster i * C // N).
     """
     num_classes = int(max(y_train.max(), y_test.max())) + 1
@@ -168,8 +168,8 @@ def _blocks(n_clients: int, n_clusters: int, num_classes: int | None = None) -> 
 
 def dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, alpha: float, seed: int,
               val_fraction: float = 0.2) -> Partition:
-    """Label-Dirichlet (paper 004's NIID-1, paper 001's client-wise non-IID): each label's samples spread
-    over clients with proportions ~ Dir(alpha)."""
+    """Label-Dirichlet (NIID-1 of Ye et al. 2023, the client-wise non-IID of Ma et al. 2023): each label's
+    samples spread over clients with proportions ~ Dir(alpha)."""
     if alpha <= 0:
         raise ValueError("dirichlet alpha must be > 0")
     rng = np.random.default_rng(seed)
@@ -180,8 +180,9 @@ def dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, alpha: fl
 
 def cluster_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int,
                       alpha_between: float, alpha_within: float, seed: int, val_fraction: float = 0.2) -> Partition:
-    """Paper 001's cluster-wise non-IID by Dirichlet (α = (0.1, 10) there): each label spreads over the K
-    clusters ~ Dir(alpha_between), then its share of a cluster over that cluster's clients ~ Dir(alpha_within).
+    """The cluster-wise non-IID by Dirichlet of Ma et al. 2023 (α = (0.1, 10) there): each label spreads over
+    the K clusters ~ Dir(alpha_between), then its share of a cluster over that cluster's clients
+    ~ Dir(alpha_within).
     """
     if alpha_between <= 0 or alpha_within <= 0:
         raise ValueError("alpha_between and alpha_within must be > 0")
@@ -200,14 +201,14 @@ def cluster_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n
 
 def cluster_label_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int,
                             alpha: float, seed: int, val_fraction: float = 0.2, draw: str = "per-label") -> Partition:
-    """Paper 000's clustered structure: the labels are divided over C clusters (as in the pathological
+    """The clustered structure of Li et al. 2022: the labels are divided over C clusters (as in the pathological
     partition), and a cluster's samples spread over its clients ~ Dir(alpha).
 
     draw = "per-label": one draw for each label of the cluster, so clients of a cluster share a task but
     differ in their mix (smaller alpha, more different). draw = "per-cluster": one draw p_c per cluster, client
-    i taking the share p_c,i of every label of its cluster, as paper 000's text reads ("sampling p_c ~ Dir(α)
-    and allocating a p_c,i proportion of the training instances of cluster c to local client i"): the clients
-    of a cluster then differ in how much data they hold, not in its mix."""
+    i taking the share p_c,i of every label of its cluster, as the text of Li et al. 2022 reads ("sampling p_c ~
+    Dir(α) and allocating a p_c,i proportion of the training instances of cluster c to local client i"): the
+    clients of a cluster then differ in how much data they hold, not in its mix."""
     if alpha <= 0:
         raise ValueError("dirichlet alpha must be > 0")
     if draw not in DRAWS:
@@ -221,8 +222,8 @@ def cluster_label_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: 
         if draw == "per-label":
             props[np.ix_(labels, np.array(members))] = rng.dirichlet([alpha] * len(members), size=len(labels))
             continue
-        # per cluster: one row, the same for every label. A small share leaves a client without data (the
-        # paper does not say what it did then); as NIID-Bench's Dirichlet partition (Li et al., 2022) does,
+        # per cluster: one row, the same for every label. A small share leaves a client without data (the paper
+        # does not say what it did then); as NIID-Bench's Dirichlet partition (Q. Li et al., ICDE 2022) does,
         # p_c is drawn again until every client gets MIN_SAMPLES samples of both splits.
         fewest = min(int(np.isin(y_train, labels).sum()), int(np.isin(y_test, labels).sum()))
         for _ in range(1000):
@@ -239,10 +240,11 @@ def cluster_label_dirichlet(y_train: np.ndarray, y_test: np.ndarray, n_clients: 
 
 def feature(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, transforms: list[str], seed: int,
             alpha: float = 0.0, val_fraction: float = 0.2) -> Partition:
-    """Feature-space clusters (paper 002's second kind of heterogeneity): len(transforms) clusters of clients
-    in contiguous blocks, cluster c seeing every input through transforms[c]. With alpha = 0 every client
-    holds an equal share of every label (the clusters differ in their inputs alone); with alpha > 0 each
-    label also spreads over the clients ~ Dir(alpha), label skew on top of the transform (the mixed form)."""
+    """Feature-space clusters (the second kind of heterogeneity in Rokvic et al. 2025): len(transforms)
+    clusters of clients in contiguous blocks, cluster c seeing every input through transforms[c]. With
+    alpha = 0 every client holds an equal share of every label (the clusters differ in their inputs alone);
+    with alpha > 0 each label also spreads over the clients ~ Dir(alpha), label skew on top of the transform
+    (the mixed form)."""
     if alpha < 0:
         raise ValueError("alpha must be >= 0 (0: no label skew)")
     rng = np.random.default_rng(seed)
@@ -263,8 +265,8 @@ MIN_SAMPLES = 10  # a per-cluster draw gives every client at least this many tra
 
 def nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, classes: int, seed: int,
            val_fraction: float = 0.2) -> Partition:
-    """Paper 001's client-wise non-IID by n-class (n = 2 there, after McMahan et al.): each client gets
-    ``classes`` labels drawn at random, and a label's samples are shared equally by the clients holding it.
+    """The client-wise non-IID by n-class of Ma et al. 2023 (n = 2 there, after McMahan et al.): each client
+    gets ``classes`` labels drawn at random, and a label's samples are shared equally by the clients holding it.
     There are no clusters. A label nobody draws is left out, as random draws leave it (with 100 clients and
     two labels each, every one of 10 labels is drawn almost surely)."""
     num_classes = _classes(y_train, y_test)
@@ -278,8 +280,9 @@ def nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, classes: int
 
 def cluster_nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int, k_cluster: int,
                    k_client: int, seed: int, val_fraction: float = 0.2) -> Partition:
-    """Paper 001's cluster-wise non-IID by n-class ((3, 2) there): each cluster gets k_cluster labels, each
-    client k_client of its cluster's labels; a label's samples are shared equally by the clients holding it.
+    """The cluster-wise non-IID by n-class of Ma et al. 2023 ((3, 2) there): each cluster gets k_cluster
+    labels, each client k_client of its cluster's labels; a label's samples are shared equally by the clients
+    holding it.
 
     The paper draws the clusters' labels at random "ensuring a relatively balanced number of instances per
     class"; here they are dealt from one shuffled deck of all labels, reshuffled when it runs out, so every
@@ -311,7 +314,7 @@ def cluster_nclass(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_cl
 
 def dominant(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_dominant: int, share: float, seed: int,
              val_fraction: float = 0.2) -> Partition:
-    """Paper 004's NIID-2: each client has n_dominant dominant classes holding `share` of its samples (the
+    """NIID-2 of Ye et al. 2023: each client has n_dominant dominant classes holding `share` of its samples (the
     rest spread over the other classes), and every client about the same number of samples. The paper
     does not give the share; 0.8 is the default here. Dominant classes are dealt in turn, so each class
     dominates about as many clients as any other."""
@@ -331,7 +334,7 @@ def dominant(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_dominant
 
 def missing(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_missing: int, seed: int,
             val_fraction: float = 0.2) -> Partition:
-    """Paper 004's NIID-3 ("missing x"): each client has no sample of n_missing random classes; a class's
+    """NIID-3 of Ye et al. 2023 ("missing x"): each client has no sample of n_missing random classes; a class's
     samples are shared equally by the clients that have it."""
     num_classes = _classes(y_train, y_test)
     if not 0 <= n_missing < num_classes:
@@ -383,8 +386,9 @@ class Clustered(PartitionOptions):
 
 @dataclass(frozen=True)
 class Pathological(Clustered):
-    """Paper 002's pathological clusters (``pathological``); ``label_groups`` deals groups of labels instead
-    of labels ("cifar100-superclasses": CIFAR-100's superclasses, as paper 002 does; see learn/labels.py)."""
+    """The pathological clusters of Rokvic et al. 2025 (``pathological``); ``label_groups`` deals groups of
+    labels instead of labels ("cifar100-superclasses": CIFAR-100's superclasses, as they do; see
+    learn/labels.py)."""
 
     kind: ClassVar[str] = "pathological"
 
@@ -409,8 +413,8 @@ class Pathological(Clustered):
 
 @dataclass(frozen=True)
 class Noisy(Pathological):
-    """Paper 002's noisy clusters (``noisy``): with probability extra_prob a client also gets extra_labels
-    labels from outside its cluster (paper 002: one; five for CIFAR-100)."""
+    """The noisy clusters of Rokvic et al. 2025 (``noisy``): with probability extra_prob a client also gets
+    extra_labels labels from outside its cluster (there: one; five for CIFAR-100)."""
 
     kind: ClassVar[str] = "noisy"
 
@@ -462,7 +466,7 @@ class IID(PartitionOptions):
 
 @dataclass(frozen=True)
 class ClusterDirichlet(Clustered):
-    """Paper 001's cluster-wise non-IID by Dirichlet (``cluster-dirichlet``)."""
+    """The cluster-wise non-IID by Dirichlet of Ma et al. 2023 (``cluster-dirichlet``)."""
 
     kind: ClassVar[str] = "cluster-dirichlet"
 
@@ -483,7 +487,8 @@ class ClusterDirichlet(Clustered):
 
 @dataclass(frozen=True)
 class ClusterNClass(Clustered):
-    """Paper 001's cluster-wise non-IID by n-class (``cluster-nclass``): labels per cluster and per client."""
+    """The cluster-wise non-IID by n-class of Ma et al. 2023 (``cluster-nclass``): labels per cluster and per
+    client."""
 
     kind: ClassVar[str] = "cluster-nclass"
 
@@ -503,9 +508,9 @@ class ClusterNClass(Clustered):
 
 @dataclass(frozen=True)
 class ClusterLabelDirichlet(Clustered):
-    """Paper 000's clustered structure (``cluster-label-dirichlet``): ``draw`` "per-label" (one Dirichlet
-    draw per label, our first reading and the default, so earlier runs stay as they were) or "per-cluster"
-    (one draw per cluster, as the paper's text reads)."""
+    """The clustered structure of Li et al. 2022 (``cluster-label-dirichlet``): ``draw`` "per-label" (one
+    Dirichlet draw per label, our first reading and the default, so earlier runs stay as they were) or
+    "per-cluster" (one draw per cluster, as the paper's text reads)."""
 
     kind: ClassVar[str] = "cluster-label-dirichlet"
 
@@ -527,7 +532,7 @@ class ClusterLabelDirichlet(Clustered):
 
 @dataclass(frozen=True)
 class NClass(PartitionOptions):
-    """Paper 001's client-wise non-IID by n-class (``nclass``): ``classes`` random labels per node."""
+    """The client-wise non-IID by n-class of Ma et al. 2023 (``nclass``): ``classes`` random labels per node."""
 
     kind: ClassVar[str] = "nclass"
 
@@ -544,7 +549,8 @@ class NClass(PartitionOptions):
 
 @dataclass(frozen=True)
 class Dominant(PartitionOptions):
-    """Paper 004's NIID-2 (``dominant``): ``classes`` dominant classes holding ``share`` of each client's data."""
+    """NIID-2 of Ye et al. 2023 (``dominant``): ``classes`` dominant classes holding ``share`` of each client's
+    data."""
 
     kind: ClassVar[str] = "dominant"
 
@@ -562,7 +568,7 @@ class Dominant(PartitionOptions):
 
 @dataclass(frozen=True)
 class Missing(PartitionOptions):
-    """Paper 004's NIID-3 (``missing``): each client has no sample of ``classes`` random classes."""
+    """NIID-3 of Ye et al. 2023 (``missing``): each client has no sample of ``classes`` random classes."""
 
     kind: ClassVar[str] = "missing"
 

@@ -1,8 +1,9 @@
 """Learning tasks: what a model's output is scored against, what it predicts, and the metrics a run reports.
 
 Training, evaluation and lazy influence take the task as a parameter instead of assuming class logits.
-``Classification``: labelled images or vectors. ``NextToken``: next-token language modelling (paper 002's
-motivating experiment), one target per position of a sequence, the padding left out of loss and metrics.
+``Classification``: labelled images or vectors. ``NextToken``: next-token language modelling (the motivating
+experiment of Rokvic et al. 2025), one target per position of a sequence, the padding left out of loss and
+metrics.
 Lazy influence needs nothing else: it scores a peer by the drop in the task's validation loss ("applicable
 to any task with a well-defined loss").
 """

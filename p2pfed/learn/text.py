@@ -1,7 +1,7 @@
 """Text for next-token prediction: words of several languages (or any groups of text files) as character
 sequences, each sample tagged with its group, so that a partition can give each node the words of one
-language (paper 002's motivating experiment: Norwegian, Swedish and Danish; here from the word lists Debian
-ships offline, as no corpus or hub download is possible).
+language (the motivating experiment of Rokvic et al. 2025: Norwegian, Swedish and Danish; here from the word
+lists Debian ships offline, as no corpus or hub download is possible).
 
 A word becomes a sample: x = BOS c1 … cn, y = c1 … cn EOS, both padded to the longest word allowed (y's
 padding is tasks.PAD, left out of loss and metrics). Characters are lowercased; the vocabulary is every

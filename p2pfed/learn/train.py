@@ -57,8 +57,9 @@ def train_epochs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: 
                  loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  task: LearningTask = CLASSIFICATION, steps: int = 0) -> float:
     """SGD over (x, y) for some epochs in shuffled mini-batches; return the last epoch's mean loss. With
-    steps > 0, exactly that many mini-batch steps instead (local steps τ, as papers 000 and 001 count local
-    work), through as many shuffled epochs as they take; the loss is then the mean over the last epoch's steps.
+    steps > 0, exactly that many mini-batch steps instead (local steps τ, as Li et al. 2022 and Ma et al. 2023
+    count local work), through as many shuffled epochs as they take; the loss is then the mean over the last
+    epoch's steps.
 
     penalty, if given, is added to every mini-batch's loss (FedProx's proximal term, FeSEM's distance to
     the cluster center); the returned loss is the data loss alone. loss_fn(model, x, y), if given,
@@ -155,13 +156,14 @@ def maml_first_order(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoc
                      inner_lr: float, outer_lr: float, seed: int, device: torch.device,
                      task: LearningTask = CLASSIFICATION, independent: bool = False, steps: int = 0,
                      momentum: float = 0.0) -> float:
-    """First-order MAML local update (paper 000, Algorithm 2, Eq. 15–16): for each mini-batch D,
+    """First-order MAML local update (Li et al. 2022, Algorithm 2, Eq. 15–16): for each mini-batch D,
     ŵ = w − η∇l(w; D), then w ← w − ε∇l(ŵ; D'), where D' is D, or with independent the next mini-batch of
     the epoch (Per-FedAvg's independent batches; the first one after the last; with one batch, D itself).
-    With steps > 0, exactly that many such steps (paper 000's τ) through as many shuffled epochs as they take,
-    as train_epochs counts them. With momentum μ, the outer step is SGD's with momentum (v ← μ·v + ∇l(ŵ; D'),
-    w ← w − ε·v; paper 000 trains "all algorithms" with momentum 0.9, and the inner step η, the adaptation a
-    personalisation repeats, stays a plain gradient step). Return the last epoch's mean loss at ŵ."""
+    With steps > 0, exactly that many such steps (the τ of Li et al. 2022) through as many shuffled epochs
+    as they take, as train_epochs counts them. With momentum μ, the outer step is SGD's with momentum
+    (v ← μ·v + ∇l(ŵ; D'), w ← w − ε·v; Li et al. 2022 train "all algorithms" with momentum 0.9, and the
+    inner step η, the adaptation a personalisation repeats, stays a plain gradient step). Return the last
+    epoch's mean loss at ŵ."""
     if len(y) == 0 or epochs <= 0:
         return float("nan")
     model.to(device).train()

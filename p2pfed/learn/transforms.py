@@ -1,6 +1,6 @@
-"""Input transforms for feature-space heterogeneity (paper 002, §II and §IV: "two types of heterogeneity,
-label space and feature space"): clients of one cluster see their inputs through the same transform, as
-the clustered-FL work the paper cites does with rotated images.
+"""Input transforms for feature-space heterogeneity (Rokvic et al. 2025, §II and §IV: "two types of
+heterogeneity, label space and feature space"): clients of one cluster see their inputs through the same
+transform, as the clustered-FL work the paper cites does with rotated images.
 
 A transform is written as a string, so that a scenario file names it and a node on another machine derives
 the same shard: one step or several joined by ``+``, applied left to right, e.g. ``rotate:90``,

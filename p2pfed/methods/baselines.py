@@ -1,6 +1,6 @@
-"""The decentralized forms of paper 002's baselines, with no coordinator: Local-only, FedAvg (everyone
-averages with everyone) and Oracle (averages only within the true cluster, the upper bound of any
-clustering method). Their classic server forms are ``local``, ``fedavg`` and ``oracle`` (fedavg.py)."""
+"""The decentralized forms of the baselines of pFedLIA (Rokvic et al. 2025), with no coordinator: Local-only,
+FedAvg (everyone averages with everyone) and Oracle (averages only within the true cluster, the upper bound
+of any clustering method). Their classic server forms are ``local``, ``fedavg`` and ``oracle`` (fedavg.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ class Local(Method):
     """No collaboration: a node trains only on its own data.
 
     It trains in the rounds the participation sampling gives it, like every other method (as FL-bench,
-    which paper 002 used for its baselines, samples local-only clients), so all methods get the same
+    which Rokvic et al. 2025 used for their baselines, samples local-only clients), so all methods get the same
     amount of local computation and differ only in what they average.
     """
 

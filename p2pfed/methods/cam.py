@@ -1,4 +1,4 @@
-"""Clustered Additive Modeling (paper 001, Fed-CAM): a global model Θ_g plus K cluster models Θ_1:K, and
+"""Clustered Additive Modeling (Fed-CAM; Ma et al. 2023): a global model Θ_g plus K cluster models Θ_1:K, and
 node i predicts with the logits h(x; Θ_g) + f(x; Θ_c(i)) (Eq. 1). The global model learns what all
 clusters share, so the cluster models only learn how clusters differ, which keeps one cluster model from
 taking every node ("clustering collapse").

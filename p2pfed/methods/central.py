@@ -215,8 +215,9 @@ class ServerMethod:
         return dict(self.groups)
 
     def served_model(self) -> dict[str, torch.Tensor] | None:
-        """The one model the method serves every node, which a server-held test set can test (paper 004's
-        protocol, data.server_test); None for a method that personalises (clusters, local models, ensembles)."""
+        """The one model the method serves every node, which a server-held test set can test (the protocol
+        of Ye et al. 2023, data.server_test); None for a method that personalises (clusters, local models,
+        ensembles)."""
         return None
 
     # -- crash safety -----------------------------------------------------------------------------
@@ -351,8 +352,8 @@ def unkeyed(prefix: str, models: dict[str, dict[str, torch.Tensor]]) -> dict[str
 
 
 def kmeans_groups(points: dict[str, torch.Tensor], k: int, seed: int) -> dict[str, int]:
-    """k-means with 20 random restarts, keeping the least intra-cluster distance (paper 003's initial
-    centers; also FeSEM-CAM's and FedDSMIC's first clusters): a group per node."""
+    """k-means with 20 random restarts, keeping the least intra-cluster distance (the initial
+    centers of Long et al. 2023; also FeSEM-CAM's and FedDSMIC's first clusters): a group per node."""
     from sklearn.cluster import KMeans
 
     names = sorted(points)

@@ -1,5 +1,5 @@
-"""FedAvg+ and FedProx+ (paper 001's "Ensemble FL" baselines): "We train FedAvg and FedProx K times and then
-learn an ensemble model via soft voting to serve all clients". Named ``fedavg-ensemble`` and
+"""FedAvg+ and FedProx+, the "Ensemble FL" baselines of CAM (Ma et al. 2023): "We train FedAvg and FedProx K
+times and then learn an ensemble model via soft voting to serve all clients". Named ``fedavg-ensemble`` and
 ``fedprox-ensemble`` here: a method's name also names its mesh, whose names allow letters, digits, '-', '_'
 and '.' only (wire/messages.py), and a TOML table key has no '+' unquoted.
 

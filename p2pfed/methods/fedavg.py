@@ -1,8 +1,8 @@
-"""The classic server baselines of paper 002 (Table I), run by a coordinator with the paper's partial
-participation: FedAvg (one model for everyone), Oracle (one FedAvg per true cluster, the upper bound of
-any clustering method) and Local-only (every node keeps and trains its own model; the coordinator only
-says who trains when, so all methods do the same local work). They differ only in the grouping, so they
-share one module; their decentralized forms are in baselines.py.
+"""The classic server baselines of pFedLIA (Rokvic et al. 2025, Table I), run by a coordinator with the
+paper's partial participation: FedAvg (one model for everyone), Oracle (one FedAvg per true cluster, the
+upper bound of any clustering method) and Local-only (every node keeps and trains its own model; the
+coordinator only says who trains when, so all methods do the same local work). They differ only in the
+grouping, so they share one module; their decentralized forms are in baselines.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """FedAvgM (Hsu, Qi and Brown, 2019, "Measuring the effects of non-identical data distribution for federated
-visual classification"), a baseline of paper 004: FedAvg whose server takes a momentum step. With w the global
-model and w̄ the sample-weighted mean of the round's updates, the server treats Δ = w − w̄ as a gradient:
-v ← β·v + Δ, w ← w − η_s·v (β = ``momentum``, η_s = ``server_lr``; β = 0 with η_s = 1 is FedAvg). Nodes
-train as in FedAvg (the base node side). Options, ``[methods.fedavgm]``: ``momentum`` (default 0.9) and
+visual classification"), a baseline of FedFM (Ye et al. 2023): FedAvg whose server takes a momentum step. With
+w the global model and w̄ the sample-weighted mean of the round's updates, the server treats Δ = w − w̄ as a
+gradient: v ← β·v + Δ, w ← w − η_s·v (β = ``momentum``, η_s = ``server_lr``; β = 0 with η_s = 1 is FedAvg).
+Nodes train as in FedAvg (the base node side). Options, ``[methods.fedavgm]``: ``momentum`` (default 0.9) and
 ``server_lr`` (default 1.0: with β = 0.9 the steps grow towards 10 times FedAvg's, the effective rate
 η_s/(1 − β) that Hsu et al. discuss).
 

@@ -1,4 +1,4 @@
-"""FedDSMIC (paper 000): clustering by the similarity of what models predict, and cluster centers learned
+"""FedDSMIC (Li et al. 2022): clustering by the similarity of what models predict, and cluster centers learned
 as good starting points (first-order MAML), personalised by one gradient step.
 
 - The coordinator holds indicator samples (``indicator_per_class`` per class, drawn from the
@@ -7,7 +7,7 @@ as good starting points (first-order MAML), personalised by one gradient step.
 - A participant starts from its center and runs first-order MAML steps (Algorithm 2, Eq. 15–16):
   per mini-batch, ŵ = w − η∇l(w) (η = ``inner_lr``), then w ← w − ε∇l(ŵ) (ε = the
   scenario's lr), for the scenario's local work (its epochs, or τ steps: ``train.steps``) and with its
-  momentum on the outer step (paper 000: τ = 20, momentum 0.9 "for all algorithms").
+  momentum on the outer step (the paper: τ = 20, momentum 0.9 "for all algorithms").
 - A center is the sample-weighted mean of its members' new models (Eq. 17).
 - A node's personalised model is one gradient step (lr η) from its center on a batch of its own data.
 
@@ -25,7 +25,7 @@ centers follow by Eq. 17.
 
 Choices where the paper is silent, and why:
 - C is given (``k``, default the true number).
-- Indicator samples are drawn from the training split. Paper 000 sets them aside before partitioning:
+- Indicator samples are drawn from the training split. The paper sets them aside before partitioning:
   ``data.server_per_class`` does that (the indicator samples are then the first ``indicator_per_class`` of
   each class's set-aside samples). Without it (the default, so earlier runs stay as they were) a handful may
   also be in some node's shard (10 per class of tens of thousands).
@@ -99,7 +99,7 @@ class FedDSMICClient(ClientMethod):
 class FedDSMICOptions(ClusteredOptions):
     """FedDSMIC's (and FedDS's) options: C, the indicator samples, η, and a late joiner's first local epochs."""
 
-    indicator_per_class: int = 10  # server-held indicator samples per class (paper 000's 10)
+    indicator_per_class: int = 10  # server-held indicator samples per class (the paper's 10)
     inner_lr: float = 0.01  # η of the inner step and of the personalisation step
     warmup: int = 5  # local epochs of a node that joins after the first clustering (§4.3: "a few")
     init: str = "kmeans"  # first centers: k-means on the first local models (ours), or "random" (the paper's)
@@ -241,7 +241,7 @@ def _state(update: Update) -> dict[str, torch.Tensor]:
 
 
 class FedDSServer(FedDSMICServer):
-    """FedDS, paper 000's ablation: the KL clustering alone, with plain local SGD and no personalisation."""
+    """FedDS, the paper's ablation: the KL clustering alone, with plain local SGD and no personalisation."""
 
     name = "fedds"
     maml = False

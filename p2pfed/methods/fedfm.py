@@ -1,4 +1,4 @@
-"""FedFM (paper 004): FedAvg whose local training also matches each sample's feature (the L2-normalised
+"""FedFM (Ye et al. 2023): FedAvg whose local training also matches each sample's feature (the L2-normalised
 input of the model's head) to its class's global anchor, so that every node builds the same feature space.
 
 A round from ``start`` (T_s; FedAvg before it, as the paper runs) has two exchanges (Fig. 5):
@@ -133,7 +133,7 @@ class FedFMClient(ClientMethod):
 class FedFMOptions(MethodOptions):
     """FedFM's options, the scenario's [methods.fedfm] (or [methods.fedfm-l2]) table."""
 
-    lam: float = 10.0  # λ on the feature matching loss (paper 004's Fig. 8c: 10–100)
+    lam: float = 10.0  # λ on the feature matching loss (the paper's Fig. 8c: 10–100)
     start: int = 20  # T_s: FedAvg before this round (the paper's 20)
     temperature: float = 0.1  # α of contrastive guiding
     uniform: bool = False  # average anchors uniformly (class counts stay private)

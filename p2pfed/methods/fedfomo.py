@@ -1,5 +1,5 @@
-"""FedFomo (Zhang et al., ICLR 2021), a baseline of paper 002: each node personalises by weighing the
-models it downloads by how much they help it.
+"""FedFomo (Zhang et al., ICLR 2021), a baseline of pFedLIA (Rokvic et al. 2025): each node personalises by
+weighing the models it downloads by how much they help it.
 
 A participant receives the latest models of M other nodes (``[methods.fedfomo] m``), computes for each
 w_j = max(0, (L(θ_i) − L(θ_j)) / ||θ_j − θ_i||) with L its validation loss, normalises the weights,

@@ -1,5 +1,5 @@
-"""FedProto (Tan et al., AAAI 2022), a baseline of paper 002: nodes exchange per-class prototypes (the mean
-feature embedding of each class, taken at the input of the model's head), never models.
+"""FedProto (Tan et al., AAAI 2022), a baseline of pFedLIA (Rokvic et al. 2025): nodes exchange per-class
+prototypes (the mean feature embedding of each class, taken at the input of the model's head), never models.
 
 Each round a participant trains its own model with the loss CE + λ·||f(x) − P̄_y||² (mean over the
 batch, for the classes that have a global prototype; λ is ``[methods.fedproto] lam``), then sends its

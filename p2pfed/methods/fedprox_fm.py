@@ -1,4 +1,4 @@
-"""FedProx + FM (paper 004, Fig. 8a): feature matching as a plug-in on FedProx. FedFM's rounds (fedfm.py: the
+"""FedProx + FM (Ye et al. 2023, Fig. 8a): feature matching as a plug-in on FedProx. FedFM's rounds (fedfm.py: the
 anchor exchange, then training with task loss + λ·matching loss) whose local objective also has FedProx's
 proximal term μ/2·||w − w_global||², w_global the global model the node trains from (sent with the task, or
 kept from the round's anchor step). The paper's Fig. 8a reports it against FedProx alone; it says no more.

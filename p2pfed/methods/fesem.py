@@ -1,4 +1,4 @@
-"""FeSEM (paper 003, Xie et al.): multi-center FL solved by federated stochastic EM.
+"""FeSEM (Long et al. 2023): multi-center FL solved by federated stochastic EM.
 
 Each round (Algorithm 1): E-step, every node goes to the center nearest its local model W_i (Eq. 8,
 Euclidean distance of the parameters); M-step, each center is the plain mean of its members' W_i (Eq. 9,
@@ -7,8 +7,8 @@ from its center and minimises its loss plus λ·||W_i − W̃_k||² (Eq. 7, with
 ``[methods.fesem] penalty`` and the squared distance for a smooth gradient; the E-step's argmin is the same).
 
 Choices where the paper leaves room, and why:
-- K is given (``[methods.fesem] k``, default the scenario's number of clusters): paper 002 ran FeSEM with the
-  correct K too, and paper 003 picks K by trying several.
+- K is given (``[methods.fesem] k``, default the scenario's number of clusters): pFedLIA's paper
+  (Rokvic et al. 2025) ran FeSEM with the correct K too, and the FeSEM paper picks K by trying several.
 - Initial centers: as the paper's experiments, "pure clustering 20 times with randomized
   initialization", keeping the one with the least intra-cluster distance: in round 0 every live node
   trains the shared initial model on its data (its first W_i), and k-means with 20 restarts
@@ -18,9 +18,9 @@ Choices where the paper leaves room, and why:
 - A node that joins later has no W_i yet: it starts from the center that fits its data best (lowest
   training loss), and the E-step places it once it has sent its first W_i.
 - Participation: the scenario's (``train.participation``), so that FeSEM trains as often as the methods it is
-  compared with (paper 002 runs it at 10%), unless ``[methods.fesem] participation`` says otherwise: paper 003
-  runs every client every round ("the clustering algorithm usually requires the full participation of all
-  clients"), which ``participation = 1.0`` reproduces.
+  compared with (Rokvic et al. 2025 run it at 10%), unless ``[methods.fesem] participation`` says otherwise:
+  the FeSEM paper runs every client every round ("the clustering algorithm usually requires the full
+  participation of all clients"), which ``participation = 1.0`` reproduces.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class FeSEMOptions(ClusteredOptions):
     """FeSEM's options, the scenario's [methods.fesem] table: K and λ (penalty)."""
 
     penalty: float = 0.01  # λ of Eq. 7 (λ/m folded in)
-    participation: float = 0.0  # the share of nodes training each round; 0: the scenario's (paper 003: 1.0)
+    # the share of nodes training each round; 0: the scenario's (Long et al. 2023: 1.0)
+    participation: float = 0.0
     moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.fesem_lambda": "penalty"}
 
     def validate(self, where: str) -> None:

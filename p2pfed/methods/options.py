@@ -62,8 +62,8 @@ def options_of(options_type: type[OptionsT], scenario: Scenario, name: str, fit:
 class ClusteredOptions(MethodOptions):
     """The option of every method that keeps K cluster models: K itself."""
 
-    # K; 0 takes the partition's number of clusters, the true one (paper 002 gave FeSEM the true K; FeSEM's
-    # paper picks K by trying several, IFCA's and CAM's are given it)
+    # K; 0 takes the partition's number of clusters, the true one (Rokvic et al. 2025 gave FeSEM the true K;
+    # FeSEM's paper, Long et al. 2023, picks K by trying several; IFCA's and CAM's are given it)
     k: int = 0
     moved: ClassVar[dict[str, str]] = {"central.k": "k"}
 

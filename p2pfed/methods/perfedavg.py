@@ -1,7 +1,7 @@
-"""Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020), paper 000's "PerFedAvg" baseline: "a
-personalized method that finds one initial shared model for all clients". One global model, trained so
-that one gradient step on a node's own data makes it good for that node (MAML's objective, Eq. 8 of paper
-000 with a single center); each node's personalised model is that step.
+"""Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020), the "PerFedAvg" baseline of FedDSMIC
+(Li et al. 2022): "a personalized method that finds one initial shared model for all clients". One global
+model, trained so that one gradient step on a node's own data makes it good for that node (MAML's
+objective, Eq. 8 of Li et al. 2022 with a single center); each node's personalised model is that step.
 
 - A participant starts from the global model and runs first-order MAML (Per-FedAvg (FO)): per mini-batch
   D, ŵ = w − α∇l(w; D), then w ← w − β∇l(ŵ; D') with D' an independent mini-batch (the next of the
@@ -10,10 +10,10 @@ that one gradient step on a node's own data makes it good for that node (MAML's 
 - A node is evaluated with the global model after ``personal_steps`` gradient steps (lr α) on mini-batches
   of its own training data (Per-FedAvg's evaluation: one step).
 
-Options, ``[methods.perfedavg]``: ``inner_lr`` (α, default 0.01: paper 000 trains every method with lr 0.01
-and gives Per-FedAvg no other) and ``personal_steps`` (default 1). Local work is the scenario's, as every
-method's: its epochs, or τ steps (``train.steps``; paper 000's τ = 20), with the scenario's momentum on the
-outer step (paper 000's 0.9 "for all algorithms").
+Options, ``[methods.perfedavg]``: ``inner_lr`` (α, default 0.01: Li et al. 2022 train every method with lr
+0.01 and give Per-FedAvg no other) and ``personal_steps`` (default 1). Local work is the scenario's, as
+every method's: its epochs, or τ steps (``train.steps``; their τ = 20), with the scenario's momentum on the
+outer step (their 0.9 "for all algorithms").
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""SCAFFOLD (Karimireddy et al., ICML 2020), a baseline of paper 004: FedAvg whose local steps are corrected by
-control variates, estimates of the gradient of the global objective (c) and of a node's own (c_i), so that
-nodes with different data drift less apart.
+"""SCAFFOLD (Karimireddy et al., ICML 2020), a baseline of FedFM (Ye et al. 2023): FedAvg whose local steps are
+corrected by control variates, estimates of the gradient of the global objective (c) and of a node's own
+(c_i), so that nodes with different data drift less apart.
 
 - The coordinator keeps the global model w and c, and sends both with every train task; Δc_i comes back
-  with y_i: twice FedAvg's traffic both ways, the cost paper 004's Tables III and V count.
+  with y_i: twice FedAvg's traffic both ways, the cost the FedFM paper's Tables III and V count.
 - A participant trains w for K local steps with the corrected gradient g − c_i + c (the scenario's epochs of
   mini-batches and lr; the paper's Algorithm 1), to y_i, then updates its control variate by the paper's
   option II: c_i⁺ = c_i − c + (w − y_i)/(K·η). It sends y_i and Δc_i = c_i⁺ − c_i.

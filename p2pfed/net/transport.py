@@ -1,7 +1,7 @@
 """How bytes move between nodes: one bound ROUTER for everything a node receives, one DEALER per peer
 for everything it sends, replies matched to requests by message id.
 
-Delivery rules (DESIGN.md, "no silent loss"):
+Delivery rules (docs/design.md, "no silent loss"):
 - ``request`` waits for the receiver's reply (an ack at least) and raises DeliveryError on timeout or
   when the receiver refused the message; it never returns without knowing.
 - Dealers use ZMQ_IMMEDIATE, so nothing queues towards a peer that is not connected, and sends block

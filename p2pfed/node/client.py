@@ -251,8 +251,9 @@ class CentralNode(LocalNode):
         ev, choice = await client.evaluate(task)
         cluster = task.groups[choice] if task.groups else -1
         metrics = {"accuracy": ev.accuracy, "loss": ev.loss, "macro_f1": ev.macro_f1}
-        if task.meta.get("validate") == 1 and task.candidates:  # paper 004's protocol: the served model's
-            # accuracy on this node's validation split too, by which the coordinator picks its best round
+        if task.meta.get("validate") == 1 and task.candidates:  # the protocol of Ye et al. 2023: the
+            # served model's accuracy on this node's validation split too, by which the coordinator picks its
+            # best round
             val = await self._evaluate_on(self.new_model(task.candidates[choice]), self.data.x_val, self.data.y_val)
             metrics["val_accuracy"] = val.accuracy
         if final:

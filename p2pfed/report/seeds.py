@@ -1,6 +1,6 @@
 """A run repeated over seeds (``p2pfed run --seeds``): one run folder per seed (``seed-S/``), and over them a
-summary.json, a results.md table of mean ± standard deviation per method, and accuracy.png with each
-method's mean per round and its spread, as paper 002 reports ("we run each simulation 4 times, and we report
+summary.json, a results.md table of mean ± standard deviation per method, and accuracy.png with each method's
+mean per round and its spread, as Rokvic et al. 2025 report ("we run each simulation 4 times, and we report
 average values and standard deviations").
 
 summary.json of a seeds folder::
@@ -11,13 +11,13 @@ summary.json of a seeds folder::
                               "<metric>": {"mean": float, "sd": float | null, "values": [float | null]}, ...}}}
 
 for each metric of a seed's summary.json that is a number (accuracy, micro_accuracy, bottom5_accuracy,
-server_test_accuracy, macro_f1, loss, perplexity, ari, nmi, own_cluster_peers, bytes_sent, seconds); values are
-in the order of the method's seeds (null where a seed has no value, e.g. no ARI), mean and sd over the known
-ones. sd is the sample standard deviation (n − 1 in the denominator: the seeds are a sample of the runs one
-could make; paper 002 does not say which it used), null with one value. A method counts only the seeds that ran
-it to its end (its run.json is written; a method cut short by Ctrl-C has none), and nodes_finished / nodes shows
-whether every node of those runs finished. The report covers every seed-S folder of the run folder, and refuses
-folders that hold runs of different settings (the seed aside).
+server_test_accuracy, macro_f1, loss, perplexity, ari, nmi, own_cluster_peers, bytes_sent, seconds); values are in
+the order of the method's seeds (null where a seed has no value, e.g. no ARI), mean and sd over the known ones. sd
+is the sample standard deviation (n − 1 in the denominator: the seeds are a sample of the runs one could make;
+Rokvic et al. 2025 do not say which they used), null with one value. A method counts only the seeds that ran it to
+its end (its run.json is written; a method cut short by Ctrl-C has none), and nodes_finished / nodes shows whether
+every node of those runs finished. The report covers every seed-S folder of the run folder, and refuses folders
+that hold runs of different settings (the seed aside).
 """
 
 from __future__ import annotations

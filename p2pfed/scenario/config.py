@@ -42,13 +42,13 @@ class DataConfig:
     # cap on each node's validation samples (0: no cap): with max_train, a scarce node keeps val_fraction's
     # 80/20 split (max_train = 40, max_val = 10) instead of holding far more samples out than it trains on
     max_val: int = 0
-    # training samples per class set aside for the server before the partition deals the rest (0: none): paper
-    # 000 draws its 10 indicator samples per class "before assigning the data to the client"
+    # training samples per class set aside for the server before the partition deals the rest (0: none):
+    # Li et al. 2022 draw their 10 indicator samples per class "before partitioning the client data"
     server_per_class: int = 0
     # test samples the coordinator holds out and tests the method's one global model on, after every evaluation
-    # (0: none; more than the test split: all of it): paper 004 reports "the testing accuracy of the best model on
-    # the testing dataset" held at the server, the best model being the one whose mean local validation accuracy
-    # is highest (report/results.py: server_test_accuracy)
+    # (0: none; more than the test split: all of it): Ye et al. 2023 report "the testing accuracy of the best
+    # model on the testing dataset" held at the server, the best model being the one whose mean local validation
+    # accuracy is highest (report/results.py: server_test_accuracy)
     server_test: int = 0
     # a node with its own data (p2pfed node --data): the share of its samples it tests on (val_fraction: that it
     # validates on), and, where data.dataset is not one p2pfed knows, the input shape and class count every
@@ -81,8 +81,9 @@ class TrainConfig:
     batch_size: int = 16
     lr: float = 0.05
     momentum: float = 0.0
-    weight_decay: float = 0.0  # the optimiser's L2 weight decay (paper 004: 1e-5)
-    steps: int = 0  # local mini-batch steps τ per round instead of epochs (0: epochs; paper 000: 20, 001: 10)
+    weight_decay: float = 0.0  # the optimiser's L2 weight decay (Ye et al. 2023: 1e-5)
+    # local mini-batch steps τ per round instead of epochs (0: epochs; Li et al. 2022: 20, Ma et al. 2023: 10)
+    steps: int = 0
     participation: float = 1.0
     round_timeout: float = 60.0
     device: str = "auto"

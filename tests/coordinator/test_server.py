@@ -251,8 +251,9 @@ async def test_the_servers_samples_are_set_aside_before_the_nodes_get_theirs(
 
 def test_a_served_model_is_tested_on_the_servers_set_and_reported_at_its_best_validation_round(
         tmp_path: Path) -> None:
-    """Paper 004's protocol over real sockets: each evaluation, the nodes also validate the global model, and the
-    coordinator tests it on its own held-out test samples; the report takes the round of the best validation."""
+    """The protocol of FedFM (Ye et al. 2023) over real sockets: each evaluation, the nodes also validate the
+    global model, and the coordinator tests it on its own held-out test samples; the report takes the round of
+    the best validation."""
     path = write(tmp_path, methods='["fedavg"]')
     shrink(path, nodes=3, clusters=1, rounds=6)
     path.write_text(path.read_text().replace("[data]\n", "[data]\nserver_test = 300\n")

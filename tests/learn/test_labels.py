@@ -1,5 +1,5 @@
 """CIFAR-100's superclasses without the download: the fixed map checked by name against the dataset's
-documentation, and the pathological and noisy partitions of paper 002 built from it."""
+documentation, and the pathological and noisy partitions of Rokvic et al. 2025 built from it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Partitions are deterministic, disjoint and follow paper 002's cluster rules."""
+"""Partitions are deterministic, disjoint and follow the cluster rules of Rokvic et al. 2025."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_deterministic_and_disjoint(kind: str) -> None:
 
 
 def test_cluster_wise_dirichlet_makes_clusters_that_differ_more_than_their_members() -> None:
-    """Paper 001's (0.1, 10): label mixes are far apart between clusters and close within one."""
+    """The (0.1, 10) of Ma et al. 2023: label mixes are far apart between clusters and close within one."""
     y_train, y_test = np.repeat(np.arange(10), 600), np.repeat(np.arange(10), 100)
     p = make_partition("cluster-dirichlet", y_train, y_test, 20, seed=0, clusters=4, alpha_between=0.1,
                        alpha_within=10.0)
@@ -109,7 +109,7 @@ def test_nclass_gives_each_node_n_random_labels_and_no_clusters() -> None:
         make_partition("nclass", Y_TRAIN, Y_TEST, 4, seed=0, classes=11)
 
 
-def test_dominant_and_missing_classes_of_paper_004() -> None:
+def test_dominant_and_missing_classes_of_fedfm_ye_et_al_2023() -> None:
     y_train, y_test = np.repeat(np.arange(10), 600), np.repeat(np.arange(10), 100)
     p = make_partition("dominant", y_train, y_test, 10, seed=0, classes=1, share=0.8)
     sizes = [len(s.train) + len(s.val) for s in p.shards]

@@ -1,5 +1,5 @@
 """Local training and FedAvg: seeded training, the distance penalty (FedProx's μ, FeSEM's λ), sample weights;
-first-order MAML and one-step personalisation (paper 000); the device."""
+first-order MAML and one-step personalisation (FedDSMIC, Li et al. 2022); the device."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_momentum_and_weight_decay_reach_the_optimiser_and_zero_epochs_train_not
 
 
 def test_first_order_maml_steps_from_w_with_the_gradient_at_w_hat() -> None:
-    # Paper 000, Eq. 15-16, on one mini-batch D (here all the data): ŵ = w − η∇l(w; D), w ← w − ε∇l(ŵ; D);
+    # Li et al. 2022, Eq. 15-16, on one mini-batch D (here all the data): ŵ = w − η∇l(w; D), w ← w − ε∇l(ŵ; D);
     # the loss reported is the last epoch's at ŵ.
     x, y = data(12)
     model = linear()
@@ -137,9 +137,9 @@ def test_first_order_maml_without_an_inner_step_is_sgd_over_the_same_mini_batche
 
 @pytest.mark.parametrize(("steps", "momentum"), [(5, 0.0), (5, 0.9), (0, 0.9), (9, 0.5)])
 def test_first_order_maml_counts_local_steps_and_takes_momentum_as_sgd_does(steps: int, momentum: float) -> None:
-    """Paper 000's τ steps and momentum 0.9 "for all algorithms": without an inner step, MAML's outer steps are
-    the SGD steps train_epochs takes with the same steps (into a second epoch: 4 batches of 8 an epoch) and
-    momentum."""
+    """The τ steps of Li et al. 2022 and their momentum 0.9 "for all algorithms": without an inner step, MAML's
+    outer steps are the SGD steps train_epochs takes with the same steps (into a second epoch: 4 batches of 8 an
+    epoch) and momentum."""
     x, y = data(30)
     sgd, maml = linear(), linear()
     sgd_loss = train_epochs(sgd, x, y, epochs=2, batch_size=8, lr=0.1, seed=4, device=CPU, steps=steps,
@@ -170,7 +170,7 @@ def test_meta_updates_leave_frozen_parameters_and_do_nothing_without_data_or_epo
 
 
 def test_one_step_is_one_gradient_step_on_one_seeded_mini_batch() -> None:
-    # FedDSMIC's personalisation (paper 000): w − lr·∇l(w; B) for one random mini-batch B of batch_size samples
+    # FedDSMIC's personalisation (Li et al. 2022): w − lr·∇l(w; B) for one random mini-batch B of batch_size samples
     x, y = data(6)
     w = state_of(linear())
     steps = []

@@ -1,4 +1,4 @@
-"""CAM (paper 001): the additive model, the server's Eq. 6 and Eq. 9, FeSEM-CAM's warm-up, and both
+"""CAM (Ma et al. 2023): the additive model, the server's Eq. 6 and Eq. 9, FeSEM-CAM's warm-up, and both
 methods end to end over real sockets."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Every method does its job over real sockets, on small scenarios built so that collaboration matters.
 
 Two scenarios, 12 digits nodes with 12 training samples each (too few to learn well alone):
-- clustered: 3 true clusters of 4 nodes, each cluster holding its own labels (paper 002's pathological
-  partition). One global model serves them poorly; a method that finds the clusters (or the helpful peers)
-  must beat both local-only training and FedAvg, and where it clusters, find the true clusters.
+- clustered: 3 true clusters of 4 nodes, each cluster holding its own labels (the pathological partition of
+  Rokvic et al. 2025). One global model serves them poorly; a method that finds the clusters (or the helpful
+  peers) must beat both local-only training and FedAvg, and where it clusters, find the true clusters.
 - iid: every node has every label. Here the global-model methods (FedAvg, FedProx, FedFM) must beat
   local-only training by far: it is what federated learning is for.
 Measured on this machine (accuracy %): clustered local 86.9, fedavg 83.1, the clustered methods 95.2–97.3
@@ -62,7 +62,7 @@ OPTIONS = {
     "pfedlia-p2p": LIA, "pfedlia-central": LIA,
     **dict.fromkeys(["ifca-cam", "fesem-cam", "feddsmic", "fedds", "feddsmic-paper", "fedds-paper"], "warmup = 3"),
     **dict.fromkeys(["fedfm", "fedfm-l2", "fedfm-lite", "fedprox-fm"], "start = 3"),
-    # the iid partition is one cluster: K = 1 would be FedAvg itself; paper 001's tables use K = 5 and 10
+    # the iid partition is one cluster: K = 1 would be FedAvg itself; CAM's tables (Ma et al. 2023) use K = 5 and 10
     **dict.fromkeys(["fedavg-ensemble", "fedprox-ensemble"], "k = 3"),
     # CFL's thresholds are scale-dependent (see scenarios/compare-digits.toml): here a round's updates measure
     # ||mean ΔW|| ≈ 0.2–0.3 and max ||ΔW|| ≈ 0.9–1.3 before any split.

@@ -1,6 +1,6 @@
-"""FedAvg+ and FedProx+ (paper 001's ensemble baselines): K members averaged separately, their soft vote (which
-is not the majority of their arg-maxes), each member trained from its own start with its own shuffles (and μ),
-tasks refused unless they carry the members, and the options."""
+"""FedAvg+ and FedProx+ (the ensemble baselines of CAM, Ma et al. 2023): K members averaged separately, their soft
+vote (which is not the majority of their arg-maxes), each member trained from its own start with its own shuffles
+(and μ), tasks refused unless they carry the members, and the options."""
 
 from __future__ import annotations
 

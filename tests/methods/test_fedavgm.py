@@ -1,5 +1,5 @@
-"""FedAvgM (paper 004's baseline): the server's momentum step on the participants' mean update, its velocity
-kept across a coordinator restart, and its own options table [methods.fedavgm]."""
+"""FedAvgM (a baseline of FedFM, Ye et al. 2023): the server's momentum step on the participants' mean update, its
+velocity kept across a coordinator restart, and its own options table [methods.fedavgm]."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedDSMIC (paper 000): KL clustering on indicator samples, first-order MAML, one-step personalisation;
+"""FedDSMIC (Li et al. 2022): KL clustering on indicator samples, first-order MAML, one-step personalisation;
 and both FedDSMIC and FedDS end to end over real sockets."""
 
 from __future__ import annotations

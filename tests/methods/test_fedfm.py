@@ -1,4 +1,4 @@
-"""FedFM (paper 004): the matching losses, anchor aggregation (weighted and uniform), FedFM-Lite's
+"""FedFM (Ye et al. 2023): the matching losses, anchor aggregation (weighted and uniform), FedFM-Lite's
 model-every-a-rounds schedule (a node's own model kept between model rounds), and the three forms end to
 end over real sockets."""
 

@@ -1,4 +1,4 @@
-"""FedProx + FM (paper 004, Fig. 8a): FedFM's rounds whose train tasks all carry FedProx's μ, the proximal term
+"""FedProx + FM (Ye et al. 2023, Fig. 8a): FedFM's rounds whose train tasks all carry FedProx's μ, the proximal term
 to the global model a node trains from (sent, or kept from the anchor step), and the options."""
 
 from __future__ import annotations

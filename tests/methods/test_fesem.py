@@ -60,7 +60,7 @@ def test_fesem_trains_the_scenarios_share_of_nodes_unless_its_own_participation_
     drawn = [len(scenario_share.participants(rnd, live)) for rnd in range(5)]
     assert all(4 <= d <= 20 for d in drawn)  # ~12 of 40 by the shared hash, as every other method trains
     assert scenario_share.participants(3, live) == [n for n in live if participates(0, n, 3, 0.3)]
-    paper = FeSEMServer(ctx, FeSEMOptions(participation=1.0))  # paper 003: every client, every round
+    paper = FeSEMServer(ctx, FeSEMOptions(participation=1.0))  # Long et al. 2023: every client, every round
     assert all(paper.participants(rnd, live) == live for rnd in range(5))
     half = FeSEMServer(ctx, FeSEMOptions(participation=0.5))
     assert half.participants(2, live) == [n for n in live if participates(0, n, 2, 0.5)]

@@ -1,4 +1,4 @@
-"""Per-FedAvg (paper 000's baseline): first-order MAML with independent batches, one global model, a
+"""Per-FedAvg (a baseline of FedDSMIC, Li et al. 2022): first-order MAML with independent batches, one global model, a
 personalisation step at each node, and its own options table [methods.perfedavg] that reaches the node side
 typed. Added as one module (methods/perfedavg.py) and registered by name: the test of the method interface."""
 

@@ -1,5 +1,6 @@
-"""SCAFFOLD (paper 004's baseline): the coordinator's steps on w and c, the node's corrected local steps and
-option II's c_i⁺, control variates checked at both ends, c at a coordinator restart and c_i at a node restart."""
+"""SCAFFOLD (a baseline of FedFM, Ye et al. 2023): the coordinator's steps on w and c, the node's corrected local
+steps and option II's c_i⁺, control variates checked at both ends, c at a coordinator restart and c_i at a node
+restart."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_micro_accuracy_weighs_each_node_by_its_test_samples(tmp_path: Path) -> 
     assert summarize_method(folder, PARTITION)["micro_accuracy"] is None  # sizes unknown: no figure, not a guess
 
 
-def test_paper_000s_figures_the_best_five_rounds_and_the_five_worst_nodes(tmp_path: Path) -> None:
+def test_the_feddsmic_papers_figures_the_best_five_rounds_and_the_five_worst_nodes(tmp_path: Path) -> None:
     partition = {"nodes": NODES, "true_cluster": [0, 0, 1, 1], "adversaries": {}, "test": [10, 10, 10, 30]}
     rounds = {n: [("round", {"round": r, "accuracy": (r + i) / 10, "macro_f1": 0.5}) for r in range(7)]
               for i, n in enumerate(NODES)}

@@ -13,7 +13,8 @@ from p2pfed.methods import METHODS
 from p2pfed.scenario.config import load_scenario
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "compare-digits.toml"
-# Paper 002's Table I methods and the coordinated baselines (CAM has its own test: tests/methods/test_cam.py)
+# The Table I methods of pFedLIA (Rokvic et al. 2025) and the coordinated baselines (CAM has its own test:
+# tests/methods/test_cam.py)
 ISSUE_4 = ("oracle", "local", "fedavg", "fedprox", "fesem", "ifca", "cfl", "pfedlia-central", "pfedlia-p2p")
 
 

@@ -1,5 +1,6 @@
-"""pFedLIA with a center (paper 002, "Centralized"): warm-up FedAvg, one round of lazy influence scoring,
-OPTICS on the N×N influence matrix (no number of clusters given), then FedAvg inside each cluster.
+"""pFedLIA with a center (Rokvic et al. 2025, §III-F, "Centralized"): warm-up FedAvg, one round of lazy
+influence scoring, OPTICS on the N×N influence matrix (no number of clusters given), then FedAvg inside each
+cluster.
 
 The influence phase runs once, at round ``warmup_rounds`` (W): the center sends the warm-up
 model w0 to every live node, each trains its partial model on a batch of its data (as in the p2p

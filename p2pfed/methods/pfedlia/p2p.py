@@ -1,4 +1,4 @@
-"""pFedLIA, peer to peer (paper 002, §III-D and §III-F).
+"""pFedLIA, peer to peer (Rokvic et al. 2025, §III-D and §III-F).
 
 Rounds 0 .. W−1: FedAvg among all live peers to get the warm-up model w0. Every node averages the same
 round's participant models, so all nodes end each warm-up round with the same model, and so hold the
