@@ -22,10 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from p2pfed.report.results import results_table
-from p2pfed.report.seeds import seeds_table
-
 ROOT = Path(__file__).resolve().parents[1]
+if sys.path[0] != str(ROOT):
+    sys.path.insert(0, str(ROOT))  # this checkout's p2pfed, not one pip installed from another folder
+
+from p2pfed.report.results import results_table  # noqa: E402
+from p2pfed.report.seeds import seeds_table  # noqa: E402
 TABLE = re.compile(r"(<!-- table: (?P<path>\S+)(?P<opts>(?: \w+=\S+)*) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 HEADLINE = re.compile(r"(<!-- headline -->\n)(?P<body>.*?)(<!-- end headline -->)", re.S)
 # README's headline: per shipped experiment its results page, and the methods whose accuracy it shows
