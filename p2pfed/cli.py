@@ -1,4 +1,5 @@
-"""The p2pfed command line: bootstrap, node, coordinator, mesh status, keys, run, report, export, predict.
+"""The p2pfed command line: bootstrap, node, coordinator, mesh status, keys, run, report, dashboard, export,
+predict, convert.
 
 Only this module prints; the library logs.
 """
@@ -482,7 +483,7 @@ def _add_model_commands(sub: Any) -> None:
     p.add_argument("--mesh", help="mesh name (default: default)")
     _add_asking_key_args(p)
     p.add_argument("--every", type=float, default=2.0, help="seconds between looks at the mesh")
-    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-vv: debug)")
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("convert", help="rewrite an earlier p2pfed's pickled checkpoints as safetensors")
@@ -519,7 +520,7 @@ def _add_member_args(p: argparse.ArgumentParser, join: bool) -> None:
     p.add_argument("--join-key", dest="join_key", help=JOIN_KEY_HELP)
     p.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
     p.add_argument("--discovery", help="mqtt://BROKER:PORT/MESH: find peers through an MQTT broker")
-    p.add_argument("-v", "--verbose", action="count", default=1)
+    p.add_argument("-v", "--verbose", action="count", default=1, help="debug log lines (members log INFO already)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -581,13 +582,13 @@ def _add_tool_commands(sub: Any) -> None:
     ps.add_argument("--json", action="store_true", help="print one JSON object")
     ps.add_argument("--mesh", help="mesh name (default: default)")
     _add_asking_key_args(ps)
-    ps.add_argument("--timeout", type=float, default=5.0)
+    ps.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the members' answers")
     ps.set_defaults(func=cmd_mesh_status, verbose=0)
 
     p = sub.add_parser("keys", help="CURVE key pairs")
     keys_sub = p.add_subparsers(dest="keys_command", required=True)
     pk = keys_sub.add_parser("generate", help="write a key pair into DIR")
-    pk.add_argument("dir")
+    pk.add_argument("dir", help="the key folder to write (NAME.key, NAME.key_secret and allowed/)")
     pk.add_argument("--name", default="node", help="file name of the pair (NAME.key, NAME.key_secret)")
     pk.set_defaults(func=cmd_keys_generate, verbose=0)
 
@@ -612,11 +613,11 @@ def _add_run_commands(sub: Any) -> None:
     p.add_argument("--insecure", action="store_true", help="the nodes talk plain TCP without keys (as --set "
                                                                "mesh.insecure=true): to measure what keys cost")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-vv: debug)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="redraw the table and plots of a run folder")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run folder (runs/NAME-TIMESTAMP), or the OUT of a run over --seeds")
     p.add_argument("--ship", metavar="DEST", help="also copy what the report is drawn from (partition, scenario, "
                                                   "each node's metrics, compressed; no checkpoints) into the new "
                                                   "folder DEST, to commit beside the results it shows")

@@ -28,12 +28,12 @@ class ConfigError(ValueError):
 class MeshConfig:
     """How a member finds and watches the mesh."""
 
-    mesh: str = "default"
-    heartbeat: float = 1.0
-    suspect_after: float = 3.0
-    dead_after: float = 6.0
-    request_timeout: float = 30.0
-    max_message_mb: int = 1024
+    mesh: str = "default"  # the mesh's name: members of other meshes are refused
+    heartbeat: float = 1.0  # seconds between a member's heartbeats
+    suspect_after: float = 3.0  # heartbeat periods of silence before a peer is suspect
+    dead_after: float = 6.0  # heartbeat periods of silence before a peer is dead (a round stops waiting for it)
+    request_timeout: float = 30.0  # seconds a sender waits for a model's acknowledgement
+    max_message_mb: int = 1024  # the largest message a member accepts (MB); a larger one closes its connection
     join_give_up: float = 300.0  # seconds without an answer to its hellos before a member stops trying
     insecure: bool = False  # plain TCP, names trusted on their word (every member must agree): trusted networks only
 

@@ -23,7 +23,7 @@ if [ "$(id -u)" = 0 ]; then
   fi
 fi
 python3 -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 -e '.[test]'
-echo "== ruff"; python3 -m ruff check p2pfed tests benchmarks
+echo "== ruff"; python3 -m ruff check p2pfed tests benchmarks tools
 echo "== mypy"; python3 -m mypy p2pfed
 echo "== layers"  # the contract in pyproject.toml: imports run one way, down the layers
 python3 -c "from importlinter.cli import lint_imports_command; lint_imports_command(['--no-cache'])"

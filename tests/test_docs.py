@@ -50,7 +50,7 @@ def commands(page: Path) -> list[str]:
     """Every command of the page's shell blocks, continuation lines joined, comments and prompts left out."""
     found = []
     for lang, block in FENCE.findall(page.read_text()):
-        if lang not in ("bash", "sh", "console", ""):
+        if lang not in ("bash", "sh", "console"):  # an unlabelled block is a diagram or a file tree
             continue
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
@@ -89,7 +89,9 @@ def test_every_command_shown_parses_and_names_files_that_exist(page: Path) -> No
         if argv[0] == "p2pfed":
             try:
                 args = parser.parse_args(argv[1:])
-            except SystemExit:
+            except SystemExit as exc:
+                if exc.code == 0:  # --help
+                    continue
                 pytest.fail(f"{page.name}: `{command}` does not parse")
             for name in ("scenario", "recipe"):  # a shipped scenario it names must exist
                 value = getattr(args, name, None)
@@ -138,3 +140,11 @@ def test_every_method_runs_in_a_shipped_scenario_whose_results_are_shipped() -> 
     scenario = tomllib.loads((ROOT / "scenarios" / "compare-digits.toml").read_text())
     assert set(METHODS) <= set(scenario["scenario"]["methods"])
     assert set(METHODS) <= set(shipped), sorted(set(METHODS) - set(shipped))
+
+
+def test_the_write_a_method_example_is_the_code_it_shows() -> None:
+    page = (ROOT / "docs" / "methods.md").read_text()
+    example = page[page.index("A complete example"):]
+    (block,) = [b for lang, b in FENCE.findall(example)[:1] if lang == "python"]
+    code = (ROOT / "p2pfed" / "methods" / "perfedavg.py").read_text()
+    assert block.strip() in code

@@ -5,6 +5,8 @@ A table in Markdown sits between two markers, and this script writes what is bet
     <!-- table: scenarios/results/quickstart/summary.json -->   a run's (or a run over seeds') table, as
     <!-- end table -->                                          `p2pfed report` draws it (methods=a,b: only those)
     <!-- table: benchmarks/results/wire.json -->                a benchmark's figures
+    <!-- table: scenarios/results/A/summary.json clean=scenarios/results/B -->   adversaries: run A against the
+                                                                same run B without them
     <!-- headline -->                                           README's one-line-per-experiment table
     <!-- end headline -->
 
@@ -28,6 +30,7 @@ if sys.path[0] != str(ROOT):
 
 from p2pfed.report.results import results_table  # noqa: E402
 from p2pfed.report.seeds import seeds_table  # noqa: E402
+
 TABLE = re.compile(r"(<!-- table: (?P<path>\S+)(?P<opts>(?: \w+=\S+)*) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 HEADLINE = re.compile(r"(<!-- headline -->\n)(?P<body>.*?)(<!-- end headline -->)", re.S)
 # README's headline: per shipped experiment its results page, and the methods whose accuracy it shows
@@ -57,6 +60,36 @@ def summary_table(path: Path, opts: dict[str, str]) -> str:
             raise ValueError(f"{path.relative_to(ROOT)} has no method {', '.join(missing)}")
         summary = {**summary, "methods": {m: summary["methods"][m] for m in wanted}}
     return seeds_table(summary, fmt="github") if "seeds" in summary else results_table(summary, fmt="github")
+
+
+def adversaries_table(path: Path, clean_dir: Path) -> str:
+    """Per method and per adversary: the share of its honest cluster mates that keep it out, and their accuracy
+    with the adversary (and in the same run without any: clean_dir)."""
+    summary, clean = (json.loads((d / "summary.json").read_text())["methods"] for d in (path.parent, clean_dir))
+    partition = json.loads((path.parent / "partition.json").read_text())
+    cluster = dict(zip(partition["nodes"], partition["true_cluster"], strict=True))
+    first = next(iter(summary.values()))
+    adversaries = sorted(first["adversaries"], key=lambda a: cluster[a])
+    attacked = {cluster[a] for a in adversaries}
+    others = sorted(set(partition["true_cluster"]) - attacked)
+
+    def acc(m: dict[str, Any], clusters: list[int]) -> float:
+        return 100 * statistics.mean(m["cluster_accuracy"][str(c)] for c in clusters)
+
+    rows = ["| method | " + " | ".join(f"{first['adversaries'][a]['kind']} {a} (cluster {cluster[a]})"
+                                       for a in adversaries)
+            + f" | clusters {', '.join(map(str, others))} (none) | all honest nodes |",
+            "|---|" + "---:|" * (len(adversaries) + 2)]
+    for name, m in summary.items():
+        cells = []
+        for a in adversaries:
+            out = m["adversaries"][a]["excluded_by"]
+            cells.append(("–" if out is None else f"{100 * out:.0f} % out")
+                         + f" · {acc(m, [cluster[a]]):.1f} ({acc(clean[name], [cluster[a]]):.1f})")
+        cells += [f"{acc(m, others):.1f} ({acc(clean[name], others):.1f})",
+                  f"{100 * m['accuracy']:.1f} ({100 * clean[name]['accuracy']:.1f})"]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def wire_table(figures: dict[str, Any]) -> str:
@@ -117,7 +150,9 @@ def draw(text: str, where: Path) -> str:
         if not path.exists():
             raise FileNotFoundError(f"{where.relative_to(ROOT)}: a table is drawn from {m['path']}, which is missing")
         opts = dict(o.split("=", 1) for o in m["opts"].split())
-        if path.name == "summary.json":
+        if path.name == "summary.json" and "clean" in opts:
+            body = adversaries_table(path, ROOT / opts["clean"])
+        elif path.name == "summary.json":
             body = summary_table(path, opts)
         elif path.name in BENCHMARKS:
             body = BENCHMARKS[path.name](json.loads(path.read_text()))

@@ -35,9 +35,9 @@ Moved = Mapping[tuple[str, str], Sequence[tuple[str, str]]]
 class DataConfig:
     """Which data, and how it is split over the nodes."""
 
-    dataset: str = "digits"
-    root: str = ""
-    val_fraction: float = 0.2
+    dataset: str = "digits"  # a dataset p2pfed knows (learn/datasets.py), words:DIR, or a node's own data's kind
+    root: str = ""  # the folder the dataset's files are read from or downloaded to ("": the dataset's default)
+    val_fraction: float = 0.2  # the share of each node's samples it validates on (pFedLIA scores peers there)
     max_train: int = 0  # cap on each node's training samples (0: no cap), for scarce-data settings
     # cap on each node's validation samples (0: no cap): with max_train, a scarce node keeps val_fraction's
     # 80/20 split (max_train = 40, max_val = 10) instead of holding far more samples out than it trains on
@@ -51,11 +51,12 @@ class DataConfig:
     # accuracy is highest (report/results.py: server_test_accuracy)
     server_test: int = 0
     # a node with its own data (p2pfed node --data): the share of its samples it tests on (val_fraction: that it
-    # validates on), and, where data.dataset is not one p2pfed knows, the input shape and class count every
-    # member's data must have
+    # validates on)
     test_fraction: float = 0.2
+    # own data of a kind p2pfed does not know (data.dataset is not one of its datasets): the input shape and the
+    # class count every member's data must have
     input_shape: list[int] = field(default_factory=list)
-    classes: int = 0
+    classes: int = 0  # own data of a kind p2pfed does not know: the number of classes
     class_names: list[str] = field(default_factory=list)  # an ImageFolder's class folders, in class order
     # own text (next-token prediction): the letters every member's words are spelt with ("": those of the text
     # dataset data.dataset names, read on each machine)
@@ -76,17 +77,17 @@ class DataConfig:
 class TrainConfig:
     """Local training each round, participation and the round deadline."""
 
-    model: str = "cnn"
-    epochs: int = 1
-    batch_size: int = 16
-    lr: float = 0.05
-    momentum: float = 0.0
+    model: str = "cnn"  # the model every node trains (learn/models.py; it must read data.dataset)
+    epochs: int = 1  # local epochs a round (unless steps is set)
+    batch_size: int = 16  # local mini-batch size
+    lr: float = 0.05  # local SGD learning rate
+    momentum: float = 0.0  # local SGD momentum
     weight_decay: float = 0.0  # the optimiser's L2 weight decay (Ye et al. 2023: 1e-5)
     # local mini-batch steps τ per round instead of epochs (0: epochs; Li et al. 2022: 20, Ma et al. 2023: 10)
     steps: int = 0
-    participation: float = 1.0
-    round_timeout: float = 60.0
-    device: str = "auto"
+    participation: float = 1.0  # the share of nodes that train each round (a seeded draw every machine agrees on)
+    round_timeout: float = 60.0  # seconds a round waits for peers' models before going on without them
+    device: str = "auto"  # "auto" (the GPU when there is one), "cpu", "cuda" or "cuda:N"
     eval_every: int = 1  # evaluate the personalised model every k rounds (and always after the last)
 
 
@@ -94,9 +95,9 @@ class TrainConfig:
 class Event:
     """A scripted event: a node joins late, leaves, crashes (and restarts), or its link slows."""
 
-    round: int = 0
-    action: str = "join"
-    node: int = 0
+    round: int = 0  # the round at which it happens
+    action: str = "join"  # join | leave | crash | slow
+    node: int = 0  # the index of the node it happens to
     restart_after: int = 0  # crash: rounds until the node restarts from its checkpoint (0: never)
     via: int = -1  # join: the node whose ticket the joiner joins through (-1: the bootstrap's)
     delay: float = 0.0  # slow: seconds added to every model the node sends
@@ -106,18 +107,18 @@ class Event:
 class Adversary:
     """A scripted adversary: node index poisons its data or models (p2pfed/node/adversary.py)."""
 
-    node: int = 0
-    kind: str = "label-flip"
+    node: int = 0  # the index of the adversarial node
+    kind: str = "label-flip"  # label-flip | noise-model | free-rider
 
 
 @dataclass
 class Scenario:
     """A whole experiment."""
 
-    name: str = "scenario"
-    seed: int = 0
-    nodes: int = 20
-    rounds: int = 20
+    name: str = "scenario"  # names the run folder (runs/NAME-TIMESTAMP) and each method's mesh
+    seed: int = 0  # seeds the partition, the models' initialisation and every draw of the run
+    nodes: int = 20  # how many learning nodes
+    rounds: int = 20  # how many rounds each method runs
     methods: list[str] = field(default_factory=list)  # the methods to run (checked by methods.check_scenario)
     processes: bool = False  # one process per node (as on separate machines)
     workers: int = 1  # or: spread the nodes over this many processes (a process's open files are limited)
