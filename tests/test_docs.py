@@ -7,6 +7,7 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +16,7 @@ import pytest
 
 from p2pfed.cli import build_parser
 from p2pfed.methods import METHODS
+from p2pfed.report.results import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CITATIONS.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -148,3 +150,13 @@ def test_the_write_a_method_example_is_the_code_it_shows() -> None:
     (block,) = [b for lang, b in FENCE.findall(example)[:1] if lang == "python"]
     code = (ROOT / "p2pfed" / "methods" / "perfedavg.py").read_text()
     assert block.strip() in code
+
+
+@pytest.mark.parametrize("name", ["quickstart", "compare-digits"])
+def test_p2pfed_report_redraws_a_shipped_run_from_its_committed_files(tmp_path: Path, name: str) -> None:
+    """The shipped summary.json is what `p2pfed report` computes from the shipped records, not a file kept
+    from the run (a record edited, dropped or added would change it)."""
+    shutil.copytree(ROOT / "scenarios" / "results" / name, tmp_path / name)
+    (tmp_path / name / "summary.json").unlink()
+    shipped = json.loads((ROOT / "scenarios" / "results" / name / "summary.json").read_text())
+    assert write_report(tmp_path / name) == shipped

@@ -97,12 +97,12 @@ def test_a_bootstrap_bound_to_a_wildcard_advertises_a_routable_address(net: Netw
         stop(*procs)
 
 
-def test_the_readmes_cross_machine_recipe_works_as_written(net: Network, tmp_path: Path) -> None:
-    # The README's commands, run as written on three hosts (A, B, C) and asked from a fourth, each with a key
+def test_the_manuals_cross_machine_recipe_works_as_written(net: Network, tmp_path: Path) -> None:
+    # The commands of docs/deploy.md, run as written on three hosts (A, B, C) and asked from a fourth, each with a key
     # folder of its own as separate machines have: only the tickets the members print join them. Its host
     # names are this network's addresses, KEY and KEY_OF_B the keys that A and B print.
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme.split("## Run a mesh across machines", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
+    block = page.split("## Run a mesh across machines", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     commands = [line.split() for line in block.splitlines() if line.startswith("p2pfed ")]
     assert [c[1] for c in commands] == ["bootstrap", "node", "node", "mesh"]
     hosts = {"A": 1, "B": 2, "C": 3}
@@ -142,7 +142,7 @@ def test_the_readmes_cross_machine_recipe_works_as_written(net: Network, tmp_pat
             return peer_states(json.loads(res.stdout)) if res.returncode == 0 else {}
 
         wait_for(lambda: seen() == {"bootstrap": "alive", "node-b": "alive", "node-c": "alive"}, 60,
-                 "the README's mesh to form, seen from a fourth host")
+                 "the manual's mesh to form, seen from a fourth host")
         assert not list((tmp_path / "host4").glob("keys/*.key_secret"))  # asking made no member of the asker
     finally:
         stop(*procs)

@@ -6,19 +6,19 @@ summary.json is a contract for users' scripts::
                               "macro_f1": float, "ari": float | null, "own_cluster_peers": float | null,
                               "bytes_sent": int, "seconds": float, ...}}}
 
-accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next
-character), each node counting once (the per-node mean paper 002 reports); micro_accuracy weighs each node
-by its test samples, i.e. the share of all honest nodes' test samples predicted right (the sample-weighted
-figure papers 000, 001 and 003 report; for next-token prediction a sample is a word or a word sequence, so it
-weighs nodes by their test words or sequences); bottom5_accuracy the mean over the worst 5% of nodes (at least one);
-worst5_accuracy the mean of the 5 worst nodes (paper 000's "bottom accuracy"); best5_rounds_micro_accuracy the
-mean of the 5 best evaluation rounds' micro accuracy (paper 000 reports it, as accuracy swings from round to
-round); loss the mean of the nodes' test loss (per token for next-token prediction, where perplexity is its
-exp); ari the adjusted Rand index between the true clusters and the discovered ones (connected groups of
-mutual choices), for methods that discover clusters; own_cluster_peers, beside it for methods whose nodes choose
-their peers, the share of chosen peers that are of the choosing node's true cluster (a choice one way across
-clusters, which the groups of mutual choices and so the ARI do not show); server_test_accuracy, with
-data.server_test and a method that serves one model, is paper 004's figure: that model's accuracy on the
+accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next character),
+each node counting once (the per-node mean Rokvic et al. 2025 report); micro_accuracy weighs each node by its test
+samples, i.e. the share of all honest nodes' test samples predicted right (the sample-weighted figure Li et al.
+2022, Ma et al. 2023 and Long et al. 2023 report; for next-token prediction a sample is a word or a word sequence,
+so it weighs nodes by their test words or sequences); bottom5_accuracy the mean over the worst 5% of nodes (at
+least one); worst5_accuracy the mean of the 5 worst nodes (Li et al. 2022's "bottom accuracy");
+best5_rounds_micro_accuracy the mean of the 5 best evaluation rounds' micro accuracy (Li et al. 2022 report it, as
+accuracy swings from round to round); loss the mean of the nodes' test loss (per token for next-token prediction,
+where perplexity is its exp); ari the adjusted Rand index between the true clusters and the discovered ones
+(connected groups of mutual choices), for methods that discover clusters; own_cluster_peers, beside it for methods
+whose nodes choose their peers, the share of chosen peers that are of the choosing node's true cluster (a choice
+one way across clusters, which the groups of mutual choices and so the ARI do not show); server_test_accuracy, with
+data.server_test and a method that serves one model, is Ye et al. 2023's figure: that model's accuracy on the
 server's held-out test set in the evaluation where the nodes' mean validation accuracy of it was highest
 (server_best_round; null otherwise).
 """
@@ -136,8 +136,9 @@ def _micro_accuracy(nodes: dict[str, Any], test_sizes: dict[str, int]) -> float 
 
 def _best_rounds(records: list[dict[str, Any]], honest: set[str], test_sizes: dict[str, int],
                  best: int = 5) -> float | None:
-    """Paper 000's figure: the mean of the best 5 rounds' micro accuracy, over the rounds in which every honest
-    node was evaluated (a round's micro accuracy weighs each node by its test shard). None without the sizes."""
+    """The figure of Li et al. 2022: the mean of the best 5 rounds' micro accuracy, over the rounds in which every
+    honest node was evaluated (a round's micro accuracy weighs each node by its test shard). None without the
+    sizes."""
     if not honest or not all(n in test_sizes for n in honest):
         return None
     by_round: dict[int, dict[str, float]] = {}
@@ -151,7 +152,7 @@ def _best_rounds(records: list[dict[str, Any]], honest: set[str], test_sizes: di
 
 
 def _best_served(coordinator: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The coordinator's server-test record (paper 004's protocol) whose nodes' mean validation accuracy is the
+    """The coordinator's server-test record (Ye et al. 2023's protocol) whose nodes' mean validation accuracy is the
     highest, the earliest among equals, among the evaluations the most nodes validated (a mean over a few
     nodes that answered is not comparable with one over all); None without such records, or when no node
     validated."""
@@ -214,7 +215,7 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
     rows = []
     for name, m in sorted(summary["methods"].items(), key=lambda kv: -(kv[1]["accuracy"] or 0)):
         row = [name, pct(m["accuracy"]), pct(m.get("micro_accuracy")), pct(m["bottom5_accuracy"]), pct(m["macro_f1"])]
-        if served:  # paper 004's figure: the served model's best round, on the server's test set
+        if served:  # Ye et al. 2023's figure: the served model's best round, on the server's test set
             row.append(pct(m.get("server_test_accuracy")))
         if text:  # next-token prediction: the loss per token and its perplexity say more than accuracy
             loss, ppl = m.get("loss"), m.get("perplexity")
@@ -262,7 +263,7 @@ def plot_accuracy(run_dir: Path, methods: list[Path]) -> None:
 
 
 def plot_loss(run_dir: Path, methods: list[Path]) -> None:
-    """loss.png: the mean personalised test loss per round of each method (paper 002's Fig. 1 shows it)."""
+    """loss.png: the mean personalised test loss per round of each method (Rokvic et al. 2025's Fig. 1 shows it)."""
     _plot_per_round(run_dir, methods, "loss", 1, "mean personalised test loss")
 
 
@@ -353,7 +354,7 @@ def plot_scores(run_dir: Path, partition: dict[str, Any], method: str, rows: lis
 
 def plot_clusters(run_dir: Path, methods: list[Path]) -> None:
     """clusters.png: for each method whose coordinator groups nodes, how many nodes each cluster holds per
-    round, one colour per cluster id (as paper 001's Fig. 1; the legend gives each id's final size). A
+    round, one colour per cluster id (as Ma et al. 2023's Fig. 1; the legend gives each id's final size). A
     collapse into one cluster shows as one band taking everything; nodes not yet placed leave a gap."""
     import matplotlib.pyplot as plt
 

@@ -1,5 +1,5 @@
-"""The dashboard in a real browser: headless Chromium (Debian's), driven by Playwright, watches the README's
-worked example run (three machines with their own data) and sees its members, their rounds going up, the
+"""The dashboard in a real browser: headless Chromium (Debian's), driven by Playwright, watches the worked example
+of docs/deploy.md run (three machines with their own data) and sees its members, their rounds going up, the
 graph of chosen peers coloured by discovered group, and their curves. Needs Debian's chromium; bash
 tests/run.sh installs it."""
 

@@ -1,4 +1,4 @@
-"""The README's worked example of nodes with their own data: three machines, each with its own .npz made by
+"""The worked example (docs/deploy.md) of nodes with their own data: three machines, each with its own .npz made by
 node/example_data.py (a and b hold digits 0-4, c digits 5-9), join through a bootstrap with node/recipe.toml;
 pFedLIA finds that a and b help each other and c neither, and each machine exports its personalised model
 and predicts with it. Run on loopback, and (multihost) on hosts in network namespaces. A member with another
@@ -22,7 +22,7 @@ MACHINES = ("a", "b", "c")
 
 
 def recipe(tmp_path: Path, **changes: str) -> Path:
-    """node/recipe.toml as the README runs it, with any changes (key = TOML value)."""
+    """node/recipe.toml as docs/deploy.md runs it, with any changes (key = TOML value)."""
     text = (ROOT / "node" / "recipe.toml").read_text()
     for key, value in changes.items():
         old = next(line for line in text.splitlines() if line.startswith(f"{key} ="))

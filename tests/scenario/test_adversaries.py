@@ -66,7 +66,7 @@ def test_a_noise_model_sinks_fedavg_not_pfedlia(tmp_path: Path) -> None:
     lia, fedavg = summary["pfedlia-p2p"], summary["fedavg-p2p"]
     # measured: 80.0 % against 38.3 %. pFedLIA's nodes may still choose the noise: its loss on their labels can
     # be below the warm-up model's (measured: influence +0.3 against +1.3 for the honest mate), so it keeps a
-    # place in their average (README, "Threat model").
+    # place in their average (docs/security.md, "Adversaries in a scenario").
     assert lia["accuracy"] > fedavg["accuracy"] + 0.25, (lia, fedavg)
     assert isinstance(lia["adversaries"]["n01"]["excluded_by"], float)
 
