@@ -525,7 +525,7 @@ def _add_member_args(p: argparse.ArgumentParser, join: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="p2pfed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="p2pfed", description=__doc__.split("\n\n")[0].replace("\n", " "))
     sub = parser.add_subparsers(dest="command", required=True)
     _add_member_commands(sub)
     _add_tool_commands(sub)

@@ -37,10 +37,12 @@ HEADLINE = re.compile(r"(<!-- headline -->\n)(?P<body>.*?)(<!-- end headline -->
 HEADLINE_RUNS = [
     ("quickstart", "digits, 20 nodes, 5 clusters", "docs/results/quickstart.md"),
     ("compare-digits", "digits, 20 nodes, every method", "docs/results/compare-digits.md"),
-    ("feature-digits", "digits, 12 nodes, 4 rotations", "docs/results/pfedlia.md#feature-space-heterogeneity"),
-    ("scandinavian", "next character, 12 nodes, 4 languages", "docs/results/pfedlia.md"),
-    ("fmnist-pathological", "Fashion-MNIST, 100 nodes, 5 clusters", "docs/results/pfedlia.md"),
-    ("fmnist-noisy", "Fashion-MNIST, 100 nodes, noisy clusters", "docs/results/pfedlia.md"),
+    ("feature-digits", "digits, 12 nodes, 4 rotations", "docs/results/pfedlia.md#digits"),
+    ("scandinavian", "next character, 12 nodes, 4 languages",
+     "docs/results/pfedlia.md#next-character-prediction-on-scandinavian-languages"),
+    ("fmnist-pathological", "Fashion-MNIST, 100 nodes, 5 clusters",
+     "docs/results/pfedlia.md#fashion-mnist-pathological"),
+    ("fmnist-noisy", "Fashion-MNIST, 100 nodes, noisy clusters", "docs/results/pfedlia.md#fashion-mnist-noisy"),
 ]
 HEADLINE_METHODS = ("pfedlia-p2p", "oracle-p2p", "fedavg-p2p", "local-p2p")
 

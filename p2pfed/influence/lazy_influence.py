@@ -5,8 +5,9 @@ its own validation split:
     influence_j = loss(w0) − loss(partial_j)        (eq. 1; positive: peer j's data helps me)
 
 Scoring many peers is the hot loop. On CUDA the peers' parameters are stacked and evaluated in one vmapped
-functional call (torch.func); on a CPU one model at a time, which measured faster there (a small CNN is bound
-by arithmetic, and stacking saves only per-call overhead: docs/performance.md). Both give the same scores.
+functional call (torch.func); on a CPU one model at a time (a small CNN is bound by arithmetic there, and
+stacking saves only per-call overhead: slower for the Fashion-MNIST CNN, about even on digits, in
+docs/performance.md). Both give the same scores.
 """
 
 from __future__ import annotations
