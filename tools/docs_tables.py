@@ -20,6 +20,7 @@ import json
 import re
 import statistics
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,12 @@ def adversaries_table(path: Path, clean_dir: Path) -> str:
     def acc(m: dict[str, Any], clusters: list[int]) -> float:
         return 100 * statistics.mean(m["cluster_accuracy"][str(c)] for c in clusters)
 
+    order = tomllib.loads((path.parent / "scenario.toml").read_text())["scenario"]["methods"]  # as the file runs them
     rows = ["| method | " + " | ".join(f"{first['adversaries'][a]['kind']} {a} (cluster {cluster[a]})"
                                        for a in adversaries)
             + f" | clusters {', '.join(map(str, others))} (none) | all honest nodes |",
             "|---|" + "---:|" * (len(adversaries) + 2)]
-    for name, m in summary.items():
+    for name, m in sorted(summary.items(), key=lambda kv: order.index(kv[0])):
         cells = []
         for a in adversaries:
             out = m["adversaries"][a]["excluded_by"]
