@@ -37,7 +37,7 @@ class DataConfig:
 
     dataset: str = "digits"  # a dataset p2pfed knows (learn/datasets.py), words:DIR, or a node's own data's kind
     root: str = ""  # the folder the dataset's files are read from or downloaded to ("": the dataset's default)
-    val_fraction: float = 0.2  # the share of each node's samples it validates on (pFedLIA scores peers there)
+    val_fraction: float = 0.2  # the share of each node's samples it validates on (where it scores its peers' models)
     max_train: int = 0  # cap on each node's training samples (0: no cap), for scarce-data settings
     # cap on each node's validation samples (0: no cap): with max_train, a scarce node keeps val_fraction's
     # 80/20 split (max_train = 40, max_val = 10) instead of holding far more samples out than it trains on
