@@ -39,6 +39,8 @@ HEADLINE_RUNS = [
     ("quickstart", "digits, 20 nodes, 5 clusters", "docs/results/quickstart.md"),
     ("compare-digits", "digits, 20 nodes, every method", "docs/results/compare-digits.md"),
     ("feature-digits", "digits, 12 nodes, 4 rotations", "docs/results/pfedlia.md#digits"),
+    ("feature-digits-mixed", "digits, 12 nodes, rotations and label skew",
+     "docs/results/pfedlia.md#digits-with-label-skew-the-mixed-form"),
     ("scandinavian", "next character, 12 nodes, 4 languages",
      "docs/results/pfedlia.md#next-character-prediction-on-scandinavian-languages"),
     ("fmnist-pathological", "Fashion-MNIST, 100 nodes, 5 clusters",
