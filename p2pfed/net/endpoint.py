@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 
 from p2pfed.net import security
 from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
-from p2pfed.net.throttle import LogLimiter
+from p2pfed.net.throttle import LogLimiter, remember
 from p2pfed.net.transport import BadAddress, DeliveryError, Handler, Refusal, Transport, TransportOptions
 from p2pfed.net.waits import first_of
 from p2pfed.wire import Message, TryLater, WireError
@@ -411,10 +411,7 @@ class Endpoint:
         theirs = body.get("recipe", "")
         if self.recipe and theirs and theirs != self.recipe:
             # both train, and not the same thing: refused before a model of the wrong shape is ever sent
-            self.other_recipes[msg.sender] = theirs
-            self.other_recipes.move_to_end(msg.sender)
-            while len(self.other_recipes) > OTHER_RECIPES_KEPT:
-                self.other_recipes.popitem(last=False)
+            remember(self.other_recipes, msg.sender, theirs, OTHER_RECIPES_KEPT)
             raise WireError(f"{msg.sender} trains recipe {theirs}, this member ({self.name}) trains recipe "
                             f"{self.recipe}: members of a mesh must share one recipe (model, input, classes, "
                             "method, training, seed)")

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pfed.net.throttle import remember
+
 JOINING, ALIVE, SUSPECT, DEAD, LEFT = "joining", "alive", "suspect", "dead", "left"
 LIVE_STATES = frozenset({ALIVE, SUSPECT})
 MAX_FUTURE_NS = 600 * 10**9  # an incarnation (a start time) ten minutes ahead of our clock is made up
@@ -111,10 +113,7 @@ class PeerTable:
         if held is not None and held != key:
             raise Refused(f"{name} is bound to another key (the one it first spoke with): a message for {name} "
                           f"with key {key[:8]}... is not {name}'s")
-        self.bound[name] = key
-        self.bound.move_to_end(name)
-        while len(self.bound) > 4 * self.max_peers:
-            self.bound.popitem(last=False)
+        remember(self.bound, name, key, 4 * self.max_peers)
 
     def _room_for(self, name: str, heard: bool) -> bool:
         """True if name is known or may be added: making room by forgetting the longest-dead peer, or, for a

@@ -8,7 +8,20 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+def remember(table: OrderedDict[K, V], key: K, value: V, cap: int) -> None:
+    """table[key] = value as its most recent entry, forgetting the least recent ones beyond cap: what a member
+    keeps per sender (or per made-up name) stays bounded however many there are."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > cap:
+        table.popitem(last=False)
 
 
 class LogLimiter:
@@ -45,10 +58,7 @@ class LogLimiter:
                 self.log.warning("%d more refusals of messages from %s in the last %.0f s", entry[2], key,
                                  now - entry[0])
             entry = [now, 0, 0]
-            self.keys[key] = entry
-        self.keys.move_to_end(key)
-        while len(self.keys) > self.max_keys:
-            self.keys.popitem(last=False)
+        remember(self.keys, key, entry, self.max_keys)
         if entry[1] >= self.per_key or self.lines >= self.total:
             entry[2] += 1
             self.held += 1

@@ -34,7 +34,7 @@ import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from p2pfed.net import security
-from p2pfed.net.throttle import LogLimiter, RateLimiter
+from p2pfed.net.throttle import LogLimiter, RateLimiter, remember
 from p2pfed.wire import (
     DEFAULT_LIMITS,
     GOODBYE,
@@ -438,11 +438,7 @@ class Transport:
 
     def _goodbye(self, host: str, sender: str) -> None:
         """Remember that sender at host said goodbye (a few per host, for a bounded number of hosts)."""
-        said = self.goodbyes.setdefault(host, [])
-        self.goodbyes.move_to_end(host)
-        said[:] = [*said, sender][-8:]
-        while len(self.goodbyes) > self.options.max_dealers:
-            self.goodbyes.popitem(last=False)
+        remember(self.goodbyes, host, [*self.goodbyes.get(host, []), sender][-8:], self.options.max_dealers)
 
     def _ack(self, ref: str, refusal: str | None = None, retry: bool = False) -> Message:
         """The acknowledgement of request ref: a yes, or a no that says why (and whether to try again)."""
