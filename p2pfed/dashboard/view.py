@@ -20,7 +20,7 @@ from typing import Any
 
 from p2pfed.influence.selection import mutual_clusters
 from p2pfed.net.progress import Progress
-from p2pfed.report.records import read_records
+from p2pfed.report.records import read_records, record_files
 from p2pfed.report.results import CHOICE
 
 
@@ -81,11 +81,12 @@ def run_view(run_dir: Path) -> dict[str, Any]:
     would have told them live (net/progress.py), so both views mean the same."""
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
-    folders = sorted(p for p in run_dir.iterdir() if p.is_dir() and any(p.glob("*.jsonl")))
-    if not folders and any(run_dir.glob("*.jsonl")):
+    folders = sorted(p for p in run_dir.iterdir() if p.is_dir() and record_files(p))
+    if not folders and record_files(run_dir):
         folders = [run_dir]  # a node's own folder (p2pfed node --out), or one method's
     if not folders:
-        raise FileNotFoundError(f"{run_dir} holds no records (*.jsonl): not a run folder or a node's folder")
+        raise FileNotFoundError(f"{run_dir} holds no records (*.jsonl, *.jsonl.gz): not a run folder or a node's "
+                                "folder")
     finished = {}
     if (run_dir / "summary.json").exists():
         finished = json.loads((run_dir / "summary.json").read_text()).get("methods", {})

@@ -5,9 +5,11 @@ and the command's refusals."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,6 +122,17 @@ def test_a_run_folder_is_seen_through_its_records(tmp_path: Path) -> None:
     assert run_view(tmp_path / "run" / "pfedlia-p2p")["methods"].keys() == {"pfedlia-p2p"}  # one method's folder
     with pytest.raises(FileNotFoundError, match="holds no records"):
         run_view(tmp_path)
+
+
+def test_a_shipped_run_folder_is_seen_as_the_run_was(tmp_path: Path) -> None:
+    """p2pfed report --ship keeps the records compressed (n00.jsonl.gz): the dashboard reads them too."""
+    write_run(tmp_path / "run")
+    shutil.copytree(tmp_path / "run", tmp_path / "shipped")
+    for path in (tmp_path / "shipped").rglob("*.jsonl"):  # as ship writes them
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    assert run_view(tmp_path / "shipped")["methods"] == run_view(tmp_path / "run")["methods"]
+    assert run_view(tmp_path / "shipped" / "pfedlia-p2p")["methods"].keys() == {"pfedlia-p2p"}
 
 
 async def test_the_page_and_its_data_are_served(tmp_path: Path) -> None:
