@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -70,3 +72,16 @@ async def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout}s")
         await asyncio.sleep(0.02)
+
+
+def load_tool(name: str) -> ModuleType:
+    """tools/NAME.py, a script (tools/ is no package), imported from its file once."""
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", Path(__file__).resolve().parents[1] / "tools"
+                                                  / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    if spec.name in sys.modules:
+        return sys.modules[spec.name]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # before it runs: its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

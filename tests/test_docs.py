@@ -3,7 +3,6 @@ from the files committed beside it, and no paper is named by a number."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -17,6 +16,7 @@ import pytest
 from p2pfed.cli import build_parser
 from p2pfed.methods import METHODS
 from p2pfed.report.results import write_report
+from tests.helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CITATIONS.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -25,22 +25,14 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
 def tables_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "tools" / "docs_tables.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def slug(heading: str) -> str:
-    """A heading's anchor as a code host makes it: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+    return load_tool("docs_tables")
 
 
 def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings, as the reference's table of contents makes them (a code host's)."""
     text = FENCE.sub("", page.read_text())
-    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, re.M)}
+    seen: dict[str, int] = {}
+    return {load_tool("reference").slug(m.strip(), seen) for m in re.findall(r"^#+ (.+)$", text, re.M)}
 
 
 def links(page: Path) -> list[str]:

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import re
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import tomli_w
@@ -23,22 +20,13 @@ from p2pfed.learn.partition import PARTITIONS
 from p2pfed.methods import METHODS, OPTIONS
 from p2pfed.methods.options import options_of
 from p2pfed.scenario.config import Adversary, DataConfig, Event, Scenario, TrainConfig, load_scenario
+from tests.helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "run `python3 tools/reference.py` and commit the pages it writes"
 
 
-def _load_reference() -> ModuleType:
-    """tools/reference.py, a script (tools/ is no package), imported from its file."""
-    spec = importlib.util.spec_from_file_location("tools_reference", ROOT / "tools" / "reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load_reference()
+reference = load_tool("reference")
 
 # Fields that have no comment in the code (Class.field, where the field is declared): their rows show an empty
 # description. Give one a comment (above it, or a trailing `# ...`) and take it off this list; never add to it.
