@@ -21,6 +21,14 @@ def append_record(path: Path, event: str, node: str, method: str | None, rnd: in
         f.write(json.dumps(line) + "\n")
 
 
+def read_json(path: Path) -> Any:
+    """A run folder's JSON file (partition.json, run.json); ValueError naming it if it is damaged."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc}): a damaged or cut-short copy of the run folder?") from None
+
+
 def record_files(method_dir: Path) -> list[Path]:
     """A method folder's metrics files, by member name (written ones and shipped, compressed ones)."""
     return sorted([*method_dir.glob("*.jsonl"), *method_dir.glob("*.jsonl.gz")], key=lambda p: p.name)

@@ -35,7 +35,7 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 from tabulate import tabulate
 
 from p2pfed.influence.selection import mutual_clusters
-from p2pfed.report.records import read_records, record_files
+from p2pfed.report.records import read_json, read_records, record_files
 
 # What methods record that the report reads, whatever the method: a node's "choice" of peers ("chosen", and
 # the "scores" it chose by, name → number), from which clusters are the mutual choices; a node's score row
@@ -48,7 +48,7 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     everything = read_records(method_dir)
     records = [r for r in everything if r["node"] != "coordinator"]
     coordinator = [r for r in everything if r["node"] == "coordinator"]
-    run = json.loads((method_dir / "run.json").read_text()) if (method_dir / "run.json").exists() else {}
+    run = read_json(method_dir / "run.json") if (method_dir / "run.json").exists() else {}
     finals = {r["node"]: r for r in records if r["event"] == "final"}
     last_round: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -196,7 +196,7 @@ def _excluded_by(adversary: str, choices: dict[str, list[str]], found: dict[str,
 
 def write_report(run_dir: Path) -> dict[str, Any]:
     """Write summary.json, results.md and the plots of a run folder; return the summary."""
-    partition = json.loads((run_dir / "partition.json").read_text())
+    partition = read_json(run_dir / "partition.json")
     methods = [p for p in sorted(run_dir.iterdir()) if p.is_dir() and record_files(p)]
     summary = {"methods": {m.name: summarize_method(m, partition) for m in methods}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

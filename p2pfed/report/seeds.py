@@ -31,7 +31,7 @@ import numpy as np
 from tabulate import tabulate
 
 from p2pfed.methods import MOVED
-from p2pfed.report.records import read_records
+from p2pfed.report.records import read_json, read_records
 from p2pfed.report.results import line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
 
@@ -68,7 +68,7 @@ def is_seeds_folder(run_dir: Path) -> bool:
 def ended_methods(folder: Path) -> dict[str, dict[str, Any]]:
     """The methods a seed's folder ran to their end, with what the runner saw (run.json: seconds, crashed
     nodes, events); the runner writes run.json when a method ends, and removes it when the method starts."""
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(folder.glob("*/run.json"))}
+    return {p.parent.name: read_json(p) for p in sorted(folder.glob("*/run.json"))}
 
 
 def complete_methods(folder: Path) -> set[str]:

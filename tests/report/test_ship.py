@@ -75,3 +75,13 @@ def test_report_ship_on_the_command_line_and_the_report_of_the_shipped_folder(
     assert capsys.readouterr().out.splitlines()[0] == out.splitlines()[0]  # the same table
     assert main(["report", str(run), "--ship", str(tmp_path / "shipped")]) == 2  # not empty: refused, one line
     assert "not empty" in capsys.readouterr().err
+
+
+def test_a_damaged_partition_file_is_named_in_the_one_line_a_user_gets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = a_run(tmp_path / "run")
+    (run / "partition.json").write_text('{"nodes":')  # cut short, as a copy interrupted
+    assert main(["report", str(run), "--ship", str(tmp_path / "shipped")]) == 2
+    assert main(["report", str(run)]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and all(f"{run / 'partition.json'}: not JSON" in e for e in errors), errors
