@@ -8,10 +8,10 @@ from pathlib import Path
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.datasets import task_of
-from p2pfed.methods.base import Method, NodeContext
+from p2pfed.methods.base import Method, NodeContext, PeerContext
 from p2pfed.methods.baselines import FedAvg, Local, Oracle
 from p2pfed.methods.cam import FeSEMCAMServer, IFCACAMServer
-from p2pfed.methods.central import ClientContext, ClientMethod, ServerContext, ServerMethod
+from p2pfed.methods.central import ClientMethod, ServerContext, ServerMethod
 from p2pfed.methods.cfl import CFLServer
 from p2pfed.methods.ensemble import FedAvgEnsembleServer, FedProxEnsembleServer
 from p2pfed.methods.fedavg import FedAvgServer, LocalServer, OracleServer
@@ -108,7 +108,7 @@ def is_central(name: str) -> bool:
     return name in CENTRAL
 
 
-def make_method(name: str, node: NodeContext, scenario: Scenario) -> Method:
+def make_method(name: str, node: PeerContext, scenario: Scenario) -> Method:
     """Instantiate a decentralized method by name for a node, with its options from the scenario."""
     if name not in REGISTRY:
         raise ValueError(f"unknown decentralized method {name!r}; choose one of {', '.join(REGISTRY)}")
@@ -124,7 +124,7 @@ def make_server(name: str, ctx: ServerContext, scenario: Scenario) -> ServerMeth
     return method(ctx, method.options_from(scenario))
 
 
-def make_client(name: str, node: ClientContext, scenario: Scenario) -> ClientMethod:
+def make_client(name: str, node: NodeContext, scenario: Scenario) -> ClientMethod:
     """Instantiate the node side of a coordinated method, with its options from the scenario."""
     if name not in CENTRAL:
         raise ValueError(f"unknown coordinated method {name!r}; choose one of {', '.join(CENTRAL)}")

@@ -1,11 +1,24 @@
-"""The interface every method implements, and what a method may ask of its node.
+"""The interfaces every method implements, and what a method may ask of its node.
 
-A method answers three questions each round (Flower's Strategy has the same shape): which peers' models
-do I average (``sources``), to whom do I send mine (``subscribers``), and is there anything to do before
-the round (``before_round``: pFedLIA's influence phase). The node's round loop asks these and nothing
-else, so adding a method touches no node code. What a method says to its peers beyond the round's model
-travels as models of its own kinds (taken if ``accepts`` says so) and notes of its own kinds (``notes``,
-handled by ``on_note``); the node routes both and knows no kind by name.
+A node, whoever steers its rounds, offers every method the same things (``NodeContext``): its name, seed
+and round, training and evaluating any model on its own data (which never leaves it), a copy of a model
+trained on a batch, and its records. A node under a coordinator (methods/central.py: ``ClientMethod``) is
+given those alone; a peer-to-peer node also exchanges models and notes with its peers (``PeerContext``).
+
+A peer-to-peer method (``Method``) steers its node's whole round, as a Flower Strategy steers a server's
+(configure, fit, aggregate), each hook with a default that is FedAvg among all live peers:
+
+- ``before_round``: work before the round (pFedLIA's influence phase);
+- ``takes_part``: whether this node (or a peer) trains and sends in the round (the scenario's draw);
+- ``train``: the node's local training (default: the scenario's SGD on its own data);
+- ``outgoing`` and ``subscribers``: what the node sends, and to whom;
+- ``sources`` and ``expected``: whose models it takes, and which of them it waits for;
+- ``aggregate``: its model after the round from the models that arrived (default: sample-weighted FedAvg).
+
+The node's round loop (node/learner.py) asks these and nothing else, so a new method touches no node code.
+What a method says to its peers beyond the round's model travels as models of its own kinds (taken if
+``accepts`` says so) and notes of its own kinds (``notes``, handled by ``on_note``); the node routes both and
+knows no kind by name.
 """
 
 from __future__ import annotations
@@ -14,35 +27,97 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
+from torch import nn
 
+from p2pfed.learn.tasks import LearningTask
+from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.methods.options import MethodOptions, options_of
+from p2pfed.wire import ModelIn, NoteIn
 
 if TYPE_CHECKING:
     from p2pfed.scenario.config import Scenario
 
 T = TypeVar("T")
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class NodeContext(Protocol):
-    """What a method may use of its node. Nothing here names a method: a method builds its own steps (pFedLIA's
-    influence phase) from these."""
+    """What any method may use of its node, peer to peer or under a coordinator. Nothing here names a method."""
 
     name: str
     round: int
+    seed: int  # the scenario's seed: the same on every node (shared draws, topologies)
+    device: torch.device
+    cfg: Any  # the scenario's [train] settings (epochs, batch_size, lr, ...)
+    task: LearningTask  # the loss and metrics of the scenario's data (learn/tasks.py)
+
+    @property
+    def samples(self) -> int:
+        """The node's training samples: its model's weight in a sample-weighted average."""
+
+    @property
+    def round_seed(self) -> int:
+        """The seed of the node's local training in this round."""
+
+    @property
+    def own(self) -> nn.Module:
+        """The node's own model (kept across rounds)."""
+
+    def true_cluster_of(self, name: str) -> int:
+        """A node's true cluster (from the shared scenario), -1 if unknown."""
+
+    async def pick(self, candidates: list[dict[str, torch.Tensor]]) -> int:
+        """Index of the candidate with the lowest loss on this node's training data."""
+
+    async def train_local(self, start: dict[str, torch.Tensor] | None, penalty_coef: float = 0.0,
+                          epochs: int | None = None) -> tuple[dict[str, torch.Tensor], float]:
+        """Train from start (None: from the node's own model), which becomes the node's model; return the new
+        state and the training loss."""
+
+    async def evaluate_state(self, state: dict[str, torch.Tensor] | None) -> Evaluation:
+        """Test metrics of state (None: the node's own model), which becomes the node's model."""
+
+    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
+        """A fresh model of the scenario's architecture, with state if given."""
+
+    async def fit(self, module: nn.Module, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
+                  epochs: int | None = None, loss_fn: LossFn | None = None) -> float:
+        """Train any module on the node's training data with the scenario's settings; return the loss.
+        loss_fn(model, x, y) replaces the task's loss."""
+
+    async def val_loss(self, module: nn.Module) -> float:
+        """Loss of any module on the node's validation split."""
+
+    async def run_on_train(self, fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
+        """fn(x_train, y_train) in a worker thread."""
+
+    async def train_loss(self, module: nn.Module) -> float:
+        """Loss of any module on the node's training data."""
+
+    async def test(self, module: nn.Module) -> Evaluation:
+        """Test metrics of any module on the node's test shard."""
+
+    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
+                         ) -> dict[str, torch.Tensor]:
+        """A copy of start trained on the first samples of the node's shard, as the node would send it (a
+        scripted adversary's: start untrained, or noise); the node's own model is unchanged."""
+
+    async def on_validation(self, judge: Callable[..., T]) -> T:
+        """judge(model, x_val, y_val, device, task) in a worker thread, on the node's validation split."""
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Write a metrics record."""
+
+
+class PeerContext(NodeContext, Protocol):
+    """What a peer-to-peer method may use of its node besides what every node offers: its peers, and the
+    models and notes it exchanges with them."""
 
     def live_peers(self) -> list[str]:
         """Names of the learning peers currently alive."""
 
-    def true_cluster_of(self, name: str) -> int:
-        """A peer's true cluster (from the shared scenario), -1 if unknown."""
-
-    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
-                         ) -> dict[str, torch.Tensor]:
-        """A copy of start trained on the first samples of the node's shard; the node's model is unchanged. (A
-        scripted free-rider's is start; a noise-model adversary's models become noise as they are sent.)"""
-
-    async def on_validation(self, judge: Callable[..., T]) -> T:
-        """judge(model, x_val, y_val, device, task) in a worker thread, on the node's validation split."""
+    def drawn(self, name: str, rnd: int) -> bool:
+        """Whether the scenario's participation draw has node name train in round rnd (the same on every node)."""
 
     def keep(self, models: dict[str, dict[str, torch.Tensor]]) -> None:
         """Keep models by kind for peers that request them (kept across a restart)."""
@@ -58,7 +133,7 @@ class NodeContext(Protocol):
         """Send a note (peer names and a number each, no tensors) to peers; return how many acknowledged it."""
 
     async def collect(self, kind: str, rnd: int, expected: set[str], timeout: float | None
-                      ) -> dict[str, dict[str, Any]]:
+                      ) -> dict[str, ModelIn | NoteIn]:
         """Wait for the models (or notes) of a kind for round rnd from expected peers (dead ones excused) until
         timeout (None: the round timeout)."""
 
@@ -71,19 +146,16 @@ class NodeContext(Protocol):
     def current_state(self) -> dict[str, torch.Tensor]:
         """A snapshot of the current model."""
 
-    def record(self, event: str, **fields: Any) -> None:
-        """Write a metrics record."""
-
 
 class Method:
-    """Base: FedAvg among all live peers. Subclasses override what differs."""
+    """A peer-to-peer method. Base: FedAvg among all live peers. Subclasses override what differs."""
 
     name = "base"
     notes: ClassVar[frozenset[str]] = frozenset()  # the kinds of note this method takes from peers
     options_type: ClassVar[type[MethodOptions] | None] = None  # its own options, the [methods.NAME] table
     tasks: ClassVar[frozenset[str] | None] = None  # the learning tasks (learn/tasks.py) it can run; None: any
 
-    def __init__(self, node: NodeContext, options: Any = None) -> None:
+    def __init__(self, node: PeerContext, options: Any = None) -> None:
         self.node = node
         self.options = options
 
@@ -106,11 +178,39 @@ class Method:
         return kind == "model" and sender in self.sources(rnd)
 
     def must_participate(self, rnd: int) -> bool:
-        """True when this node trains in rnd whatever the participation sampling says."""
+        """True when every node trains in rnd whatever the participation sampling says."""
         return False
+
+    def takes_part(self, rnd: int, peer: str | None = None) -> bool:
+        """Whether peer (None: this node) trains and sends its model in round rnd: the scenario's participation
+        draw, which every node computes alike, unless every node must."""
+        return self.must_participate(rnd) or self.node.drawn(peer or self.node.name, rnd)
+
+    def expected(self, rnd: int) -> set[str]:
+        """The peers whose round models this node waits for in rnd: the sources that take part."""
+        return {p for p in self.sources(rnd) if self.takes_part(rnd, p)}
 
     async def before_round(self, rnd: int) -> None:
         """Work before the round's training (e.g. pFedLIA's influence phase)."""
+
+    async def train(self, rnd: int) -> float | None:
+        """This node's local training in a round it takes part in; return the training loss (None: it did not
+        train). Default: the scenario's local SGD on the node's data, from its current model."""
+        return (await self.node.train_local(None))[1]
+
+    def outgoing(self, rnd: int) -> dict[str, torch.Tensor]:
+        """The model this node sends its subscribers after training in round rnd. Default: its current model."""
+        return self.node.current_state()
+
+    def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
+        """The node's model after round rnd, from the sources' models that arrived and its own (None if it did not
+        take part); None keeps the model it has. Default: the sample-weighted average of the models that arrived
+        and its own, so every member of a group ends the round with the group's average (what a server averaging
+        the group's models would give); the node's model as it is when none arrived."""
+        if not arrived:
+            return None
+        models = [arrived[p] for p in sorted(arrived)] + ([own] if own is not None else [])
+        return weighted_average([m.state for m in models], [float(m.samples) for m in models])
 
     def on_note(self, kind: str, sender: str, rnd: int, values: dict[str, float]) -> None:
         """A note of one of the kinds in ``notes`` from a member the node knows, for a round up to the node's

@@ -23,15 +23,14 @@ groups that move. Subclasses override only what differs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from torch import nn
 
-from p2pfed.learn.tasks import LearningTask
 from p2pfed.learn.train import Evaluation, weighted_average
+from p2pfed.methods.base import NodeContext
 from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.wire import WireError, check_tensors
 
@@ -231,65 +230,6 @@ class ServerMethod:
         self.models = {int(k.removeprefix("group")): m for k, m in models.items() if k.startswith("group")}
 
 
-class ClientContext(Protocol):
-    """What a node-side method may use of its node."""
-
-    name: str
-    device: torch.device
-    cfg: Any  # the scenario's [train] settings (epochs, batch_size, lr, ...)
-    task: LearningTask  # the loss and metrics of the scenario's data (learn/tasks.py)
-
-    @property
-    def round_seed(self) -> int:
-        """The seed of the node's local training in this round."""
-
-    async def pick(self, candidates: list[dict[str, torch.Tensor]]) -> int:
-        """Index of the candidate with the lowest loss on this node's training data."""
-
-    async def train_local(self, start: dict[str, torch.Tensor] | None, penalty_coef: float = 0.0,
-                          epochs: int | None = None) -> tuple[dict[str, torch.Tensor], float]:
-        """Train from start (None: from the node's own model); return the new state and the training loss."""
-
-    async def evaluate_state(self, state: dict[str, torch.Tensor] | None) -> Evaluation:
-        """Test metrics of state (None: the node's own model), which becomes the node's model."""
-
-    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
-        """A fresh model of the scenario's architecture, with state if given."""
-
-    async def fit(self, module: nn.Module, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
-                  epochs: int | None = None,
-                  loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> float:
-        """Train any module on the node's training data with the scenario's settings; return the loss.
-        loss_fn(model, x, y) replaces the cross-entropy."""
-
-    @property
-    def own(self) -> nn.Module:
-        """The node's own model (kept across rounds)."""
-
-    async def val_loss(self, module: nn.Module) -> float:
-        """Loss of any module on the node's validation split."""
-
-    async def run_on_train(self, fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
-        """fn(x_train, y_train) in a worker thread."""
-
-    async def train_loss(self, module: nn.Module) -> float:
-        """Loss of any module on the node's training data."""
-
-    async def test(self, module: nn.Module) -> Evaluation:
-        """Test metrics of any module on the node's test shard."""
-
-    async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
-                         ) -> dict[str, torch.Tensor]:
-        """A copy of start trained on the first samples of the node's shard, as the node would send it (a
-        scripted adversary's: start untrained, or noise); the node's own model is unchanged."""
-
-    async def on_validation(self, judge: Callable[..., T]) -> T:
-        """judge(model, x_val, y_val, device, task) in a worker thread, on the node's validation split."""
-
-    def record(self, event: str, **fields: Any) -> None:
-        """Write a metrics record."""
-
-
 class ClientMethod:
     """Node side of a coordinated method: what a node does with a train task.
 
@@ -298,7 +238,7 @@ class ClientMethod:
     its own model and sends nothing back (local-only).
     """
 
-    def __init__(self, node: ClientContext, options: Any = None) -> None:
+    def __init__(self, node: NodeContext, options: Any = None) -> None:
         self.node = node
         self.options = options  # the method's options, the same object its server side has
 

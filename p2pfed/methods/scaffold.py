@@ -48,8 +48,8 @@ from torch import nn
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import state_of, weighted_average
+from p2pfed.methods.base import NodeContext
 from p2pfed.methods.central import (
-    ClientContext,
     ClientMethod,
     ServerContext,
     ServerMethod,
@@ -95,7 +95,7 @@ def moving_steps(steps: int, momentum: float) -> float:
 class ScaffoldClient(ClientMethod):
     """Train the global model with the corrected gradient; keep c_i; answer with y_i and Δc_i."""
 
-    def __init__(self, node: ClientContext, options: Any = None) -> None:
+    def __init__(self, node: NodeContext, options: Any = None) -> None:
         super().__init__(node, options)
         self.control: dict[str, torch.Tensor] = {}  # c_i by parameter name (none yet: zeros)
 

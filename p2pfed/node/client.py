@@ -20,28 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import nn
 
 from p2pfed.learn.checkpoint import load_own, refuse_old, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import (
-    Evaluation,
-    distance_penalty,
-    evaluate,
-    round_seed,
-    state_of,
-    train_epochs,
-)
+from p2pfed.learn.train import state_of
 from p2pfed.methods import make_client
 from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
@@ -54,7 +43,6 @@ from p2pfed.wire import Message, WireError
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 TASKS = ("train", "eval", "finish", "compute", "note")
 
 
@@ -70,7 +58,6 @@ class CentralNode(LocalNode):
                  partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None,
                  coordinator: str | None = None, name: str | None = None) -> None:
         super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name)
-        self.true_cluster = partition.true_cluster[self.shard]
         self.client: ClientMethod | None = make_client(method, self, scenario) if method else None
         self.coordinator = coordinator
         self.send_delay = 0.0  # a scripted slow link: seconds before every answer
@@ -82,85 +69,12 @@ class CentralNode(LocalNode):
         endpoint.handlers["task"] = self._on_task
         endpoint.on_change.append(self._on_peer_change)
 
-    # -- what a ClientMethod may use (methods/central.py: ClientContext) -------------------------
-    async def pick(self, candidates: list[dict[str, torch.Tensor]]) -> int:
-        """Index of the candidate with the lowest loss on this node's training data."""
-        def losses() -> list[float]:
-            out = []
-            for state in candidates:
-                self.model.load_state_dict(state)
-                out.append(evaluate(self.model, self.data.x_train, self.data.y_train, self.device, task=self.task).loss)
-            return out
-
-        values = await asyncio.to_thread(losses)
-        return min(range(len(values)), key=lambda i: values[i])
-
-    async def train_local(self, start: dict[str, torch.Tensor] | None, penalty_coef: float = 0.0,
-                          epochs: int | None = None) -> tuple[dict[str, torch.Tensor], float]:
-        """Train from start (None: the node's own model) for the scenario's epochs; return state and loss."""
-        if start is not None:
-            self.model.load_state_dict(start)
-        penalty = distance_penalty(start, penalty_coef, self.device) if start is not None and penalty_coef else None
-        loss = await self.fit(self.model, penalty, epochs)
-        return state_of(self.model), loss
-
-    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
-        """A fresh model of the scenario's architecture, with state if given."""
-        model = copy.deepcopy(self.model)
-        if state is not None:
-            model.load_state_dict(state)
-        return model
-
-    async def fit(self, module: nn.Module, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
-                  epochs: int | None = None, loss_fn: LossFn | None = None) -> float:
-        """Train any module on this node's training data with the scenario's settings (its local steps τ, or
-        epochs; epochs a method asks for, such as a warm-up, are epochs); return the loss."""
-        return await asyncio.to_thread(
-            train_epochs, module, self.data.x_train, self.data.y_train, epochs=epochs or self.cfg.epochs,
-            batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
-            weight_decay=self.cfg.weight_decay, steps=0 if epochs else self.cfg.steps,
-            seed=self.round_seed, device=self.device, penalty=penalty, loss_fn=loss_fn, task=self.task)
-
-    @property
-    def round_seed(self) -> int:
-        """The seed of this node's local training in this round (the same on a rerun)."""
-        return round_seed(self.scenario.seed, self.index, self.round)
-
-    @property
-    def own(self) -> nn.Module:
-        """This node's own model (what methods that personalise the node's model keep across rounds)."""
-        return self.model
-
-    async def val_loss(self, module: nn.Module) -> float:
-        """Loss of any module on this node's validation split."""
-        return (await self._evaluate_on(module, self.data.x_val, self.data.y_val)).loss
-
-    async def run_on_train(self, fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
-        """fn(x_train, y_train) in a worker thread (e.g. per-class statistics of the node's data)."""
-        return await asyncio.to_thread(fn, self.data.x_train, self.data.y_train)
-
-    async def train_loss(self, module: nn.Module) -> float:
-        """Loss of any module on this node's training data."""
-        return (await self._evaluate_on(module, self.data.x_train, self.data.y_train)).loss
-
-    async def test(self, module: nn.Module) -> Evaluation:
-        """Test metrics of any module on this node's test shard."""
-        return await self._evaluate_on(module, self.data.x_test, self.data.y_test)
-
-    async def evaluate_state(self, state: dict[str, torch.Tensor] | None) -> Evaluation:
-        """Test metrics of state (None: the node's own model), which becomes the node's model."""
-        if state is not None:
-            self.model.load_state_dict(state)
-        return await self._evaluate_on(self.model, self.data.x_test, self.data.y_test)
-
+    # -- what a ClientMethod may use besides what every node offers (node/local.py) -----------------
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
                          ) -> dict[str, torch.Tensor]:
         """LocalNode.train_copy as this node sends it: a noise-model adversary's copy is noise."""
         copied = await super().train_copy(start, samples, epochs, lr)
         return noise_like(copied, self.round_seed) if self.adversary == "noise-model" else copied
-
-    async def _evaluate_on(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Evaluation:
-        return await asyncio.to_thread(evaluate, module, x, y, self.device, task=self.task)
 
     # -- tasks -----------------------------------------------------------------------------------
     async def _check_sender(self, msg: Message) -> None:
@@ -259,7 +173,7 @@ class CentralNode(LocalNode):
         if final:
             self.final_recorded = True
             self.record("final", **metrics, test_samples=ev.samples, cluster=cluster,
-                        true_cluster=self.true_cluster, bytes_sent=self.endpoint.transport.bytes_sent)
+                        true_cluster=self.true_cluster_of(self.name), bytes_sent=self.endpoint.transport.bytes_sent)
             self.checkpoint()
             asyncio.get_running_loop().call_later(0.5, self.finished.set)  # after the reply has left
         else:

@@ -1,9 +1,9 @@
 """A learning node: its shard, its model, and the round loop that a method steers.
 
-One round, top to bottom (``run_round``): the method's pre-round work → train locally if this node takes
-part → send the model to the method's subscribers → collect the sources' models until they are all in
-(dead peers excused) or the deadline passes → average them weighted by sample count → evaluate → record →
-checkpoint.
+One round, top to bottom (``run_round``), each step the method's (methods/base.py): its pre-round work →
+its local training if this node takes part → its outgoing model to its subscribers → collect its expected
+sources' models until they are all in (dead peers excused) or the deadline passes → its aggregate of them →
+evaluate → record → checkpoint.
 Training, scoring and evaluation run in worker threads; the event loop keeps answering heartbeats.
 
 What peers say is checked before it is believed: a model is taken only if its method expects that kind
@@ -28,7 +28,7 @@ import torch
 from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import evaluate, round_seed, state_of, train_epochs, weighted_average
+from p2pfed.learn.train import evaluate, round_seed, state_of
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
@@ -38,7 +38,7 @@ from p2pfed.net.waits import first_of
 from p2pfed.node.adversary import noise_like
 from p2pfed.node.local import LocalNode
 from p2pfed.scenario.config import Scenario
-from p2pfed.wire import Message, WireError, check_tensors
+from p2pfed.wire import Message, ModelIn, NoteIn, WireError, check_tensors
 from p2pfed.wire.messages import cut
 
 log = logging.getLogger(__name__)
@@ -63,10 +63,8 @@ class LearningNode(LocalNode):
     def __init__(self, scenario: Scenario, index: int, method: str, dataset: Dataset, partition: Partition,
                  endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *, name: str | None = None) -> None:
         super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name)
-        # the scenario's true clusters, to report; none for a node with its own data (nobody knows them)
-        self.true_clusters = {} if name else {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
         self.method = make_method(method, self, scenario)
-        self.inbox: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+        self.inbox: dict[tuple[str, int], dict[str, ModelIn | NoteIn]] = {}
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
         self.arrivals = asyncio.Event()
         self.send_delay = 0.0
@@ -75,13 +73,13 @@ class LearningNode(LocalNode):
         endpoint.on_change.append(self._on_peer_change)
         self.background: set[asyncio.Task[None]] = set()
 
-    # -- what methods may use (methods/base.py: NodeContext) -------------------------------------
+    # -- what peer-to-peer methods may use besides what every node offers (methods/base.py: PeerContext) ----
     def live_peers(self) -> list[str]:
         """Learning peers (not the bootstrap) that are alive or suspect."""
         return self.endpoint.peers.live_names("node")
 
-    def true_cluster_of(self, name: str) -> int:
-        return self.true_clusters.get(name, -1)
+    def drawn(self, name: str, rnd: int) -> bool:
+        return participates(self.scenario.seed, name, rnd, self.cfg.participation)
 
     def current_state(self) -> dict[str, torch.Tensor]:
         return state_of(self.model)
@@ -130,7 +128,7 @@ class LearningNode(LocalNode):
         return sum(results)
 
     async def collect(self, kind: str, rnd: int, expected: set[str], timeout: float | None
-                      ) -> dict[str, dict[str, Any]]:
+                      ) -> dict[str, ModelIn | NoteIn]:
         deadline = time.monotonic() + (timeout or self.cfg.round_timeout)
         while True:
             got = self.inbox.get((kind, rnd), {})
@@ -203,8 +201,7 @@ class LearningNode(LocalNode):
             return None
         # The tensors are read-only views of the received frames (no copy): averaging and load_state_dict
         # read them, nothing writes to them.
-        self.inbox.setdefault((kind, msg.round), {})[msg.sender] = {"state": msg.tensors,
-                                                                   "samples": msg.body["samples"]}
+        self.inbox.setdefault((kind, msg.round), {})[msg.sender] = ModelIn(msg.sender, msg.tensors, msg.body["samples"])
         self.arrivals.set()
         self.arrivals = asyncio.Event()
         return None
@@ -241,9 +238,10 @@ class LearningNode(LocalNode):
         # A note of another round may still matter (a late joiner's choice of peers, or a restarted node's
         # announced again; a peer far ahead telling a newcomer or a restarted node whom it chose): the method
         # takes it; only the inbox, which serves rounds still to be collected (up to AHEAD), skips it.
-        self.method.on_note(kind, msg.sender, msg.round, dict(zip(names, values, strict=True)))
+        note = NoteIn(msg.sender, dict(zip(names, values, strict=True)))
+        self.method.on_note(kind, msg.sender, msg.round, note.values)
         if self.round <= msg.round <= self.round + AHEAD:
-            self.inbox.setdefault((kind, msg.round), {})[msg.sender] = {"names": names, "values": values}
+            self.inbox.setdefault((kind, msg.round), {})[msg.sender] = note
         self.arrivals.set()
         self.arrivals = asyncio.Event()
         return None
@@ -343,34 +341,20 @@ class LearningNode(LocalNode):
         # Who counts in this round, as the round starts: a source that sends its model and then finishes
         # the run (and leaves) before this node collects still counts.
         counted = self.method.sources(rnd)
-        fraction = self.cfg.participation
-        seed = self.scenario.seed
         train_loss = None
-        took_part = self.method.must_participate(rnd) or participates(seed, self.name, rnd, fraction)
-        if took_part and self.adversary == "free-rider":
-            await self.send_model(self.method.subscribers(rnd), "model", self.current_state())  # untrained
-        elif took_part:
-            train_loss = await asyncio.to_thread(
-                train_epochs, self.model, self.data.x_train, self.data.y_train, epochs=self.cfg.epochs,
-                batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
-                weight_decay=self.cfg.weight_decay, steps=self.cfg.steps,
-                seed=round_seed(seed, self.index, rnd), device=self.device, task=self.task)
-            await self.send_model(self.method.subscribers(rnd), "model", self.current_state())
-        expected = {p for p in self.method.sources(rnd)
-                    if self.method.must_participate(rnd) or participates(seed, p, rnd, fraction)}
-        arrived = await self.collect("model", rnd, expected, self.cfg.round_timeout)
-        arrived = {p: v for p, v in arrived.items() if p in counted | self.method.sources(rnd)}
-        if arrived:
-            # The sample-weighted average of this round's models: the ones that arrived, and this node's own if
-            # it trained, so every member of a group ends the round with the group's average (what a server
-            # averaging the group's models would give).
-            members = sorted(arrived)
-            states = [arrived[p]["state"] for p in members]
-            weights = [float(arrived[p]["samples"]) for p in members]
-            if took_part:
-                states.append(self.current_state())
-                weights.append(float(self.samples))
-            self.model.load_state_dict(weighted_average(states, weights))
+        took_part = self.method.takes_part(rnd)
+        if took_part:
+            if self.adversary != "free-rider":  # a scripted free-rider sends its model untrained
+                train_loss = await self.method.train(rnd)
+            await self.send_model(self.method.subscribers(rnd), "model", self.method.outgoing(rnd))
+        expected = self.method.expected(rnd)
+        collected = await self.collect("model", rnd, expected, self.cfg.round_timeout)
+        arrived = {p: m for p, m in collected.items()
+                   if p in counted | self.method.sources(rnd) and isinstance(m, ModelIn)}
+        own = ModelIn(self.name, self.current_state(), self.samples) if took_part else None
+        new = self.method.aggregate(rnd, own, arrived)
+        if new is not None:
+            self.load_state(new)
         metrics: dict[str, Any] = {}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd == self.scenario.rounds - 1:
             ev = await asyncio.to_thread(evaluate, self.model, self.data.x_test, self.data.y_test, self.device,

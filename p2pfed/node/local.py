@@ -8,6 +8,7 @@ copy of a model trained on a batch and the look at the validation split are the 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import zlib
 from collections.abc import Callable
@@ -16,13 +17,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from torch import nn
 
 from p2pfed.learn.checkpoint import SUFFIX
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.export import CARD, ModelCard
 from p2pfed.learn.models import build_model
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import pick_device, round_seed, state_of, train_copy
+from p2pfed.learn.train import (
+    Evaluation,
+    distance_penalty,
+    evaluate,
+    pick_device,
+    round_seed,
+    state_of,
+    train_copy,
+    train_epochs,
+)
 from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.progress import Progress
@@ -31,6 +42,7 @@ from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
 
 T = TypeVar("T")
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -91,6 +103,7 @@ class LocalNode:
         self.endpoint = endpoint
         self.method_name = method
         self.round = 0
+        self.seed = scenario.seed
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
         self.task = dataset.task
@@ -100,6 +113,8 @@ class LocalNode:
         if self.adversary == "label-flip":
             self.data.y_train = flip_labels(self.data.y_train, dataset.num_classes)
             self.data.y_val = flip_labels(self.data.y_val, dataset.num_classes)
+        # the scenario's true clusters, to report; none for a node with its own data (nobody knows them)
+        self.true_clusters = {} if name else {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
         self.reference = state_of(self.model)
         self.metrics_path = out_dir / f"{self.name}.jsonl"
@@ -109,10 +124,88 @@ class LocalNode:
         self.progress = Progress(method or "")
         endpoint.progress = self.progress.body  # its status tells its curve and choice (p2pfed dashboard)
 
+    def true_cluster_of(self, name: str) -> int:
+        """A node's true cluster in the scenario's partition, -1 if unknown (a node with its own data knows none)."""
+        return self.true_clusters.get(name, -1)
+
     @property
     def samples(self) -> int:
         """The node's training samples: the weight of its model in an average."""
         return self.data.samples
+
+    # -- what every method may use of its node (methods/base.py: NodeContext) -------------------
+    async def pick(self, candidates: list[dict[str, torch.Tensor]]) -> int:
+        """Index of the candidate with the lowest loss on this node's training data."""
+        def losses() -> list[float]:
+            out = []
+            for state in candidates:
+                self.model.load_state_dict(state)
+                out.append(evaluate(self.model, self.data.x_train, self.data.y_train, self.device, task=self.task).loss)
+            return out
+
+        values = await asyncio.to_thread(losses)
+        return min(range(len(values)), key=lambda i: values[i])
+
+    async def train_local(self, start: dict[str, torch.Tensor] | None, penalty_coef: float = 0.0,
+                          epochs: int | None = None) -> tuple[dict[str, torch.Tensor], float]:
+        """Train from start (None: the node's own model) for the scenario's epochs; return state and loss."""
+        if start is not None:
+            self.model.load_state_dict(start)
+        penalty = distance_penalty(start, penalty_coef, self.device) if start is not None and penalty_coef else None
+        loss = await self.fit(self.model, penalty, epochs)
+        return state_of(self.model), loss
+
+    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
+        """A fresh model of the scenario's architecture, with state if given."""
+        model = copy.deepcopy(self.model)
+        if state is not None:
+            model.load_state_dict(state)
+        return model
+
+    async def fit(self, module: nn.Module, penalty: Callable[[nn.Module], torch.Tensor] | None = None,
+                  epochs: int | None = None, loss_fn: LossFn | None = None) -> float:
+        """Train any module on this node's training data with the scenario's settings (its local steps τ, or
+        epochs; epochs a method asks for, such as a warm-up, are epochs); return the loss."""
+        return await asyncio.to_thread(
+            train_epochs, module, self.data.x_train, self.data.y_train, epochs=epochs or self.cfg.epochs,
+            batch_size=self.cfg.batch_size, lr=self.cfg.lr, momentum=self.cfg.momentum,
+            weight_decay=self.cfg.weight_decay, steps=0 if epochs else self.cfg.steps,
+            seed=self.round_seed, device=self.device, penalty=penalty, loss_fn=loss_fn, task=self.task)
+
+    @property
+    def round_seed(self) -> int:
+        """The seed of this node's local training in this round (the same on a rerun)."""
+        return round_seed(self.scenario.seed, self.index, self.round)
+
+    @property
+    def own(self) -> nn.Module:
+        """This node's own model (what methods that personalise the node's model keep across rounds)."""
+        return self.model
+
+    async def val_loss(self, module: nn.Module) -> float:
+        """Loss of any module on this node's validation split."""
+        return (await self._evaluate_on(module, self.data.x_val, self.data.y_val)).loss
+
+    async def run_on_train(self, fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
+        """fn(x_train, y_train) in a worker thread (e.g. per-class statistics of the node's data)."""
+        return await asyncio.to_thread(fn, self.data.x_train, self.data.y_train)
+
+    async def train_loss(self, module: nn.Module) -> float:
+        """Loss of any module on this node's training data."""
+        return (await self._evaluate_on(module, self.data.x_train, self.data.y_train)).loss
+
+    async def test(self, module: nn.Module) -> Evaluation:
+        """Test metrics of any module on this node's test shard."""
+        return await self._evaluate_on(module, self.data.x_test, self.data.y_test)
+
+    async def evaluate_state(self, state: dict[str, torch.Tensor] | None) -> Evaluation:
+        """Test metrics of state (None: the node's own model), which becomes the node's model."""
+        if state is not None:
+            self.model.load_state_dict(state)
+        return await self._evaluate_on(self.model, self.data.x_test, self.data.y_test)
+
+    async def _evaluate_on(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Evaluation:
+        return await asyncio.to_thread(evaluate, module, x, y, self.device, task=self.task)
 
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
                          ) -> dict[str, torch.Tensor]:

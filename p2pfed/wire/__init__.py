@@ -14,6 +14,7 @@ from p2pfed.wire.codec import (
     peek,
 )
 from p2pfed.wire.messages import GOODBYE, NO_REPLY, SCHEMAS
+from p2pfed.wire.received import ModelIn, NoteIn
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -24,6 +25,8 @@ __all__ = [
     "WIRE_VERSION",
     "Limits",
     "Message",
+    "ModelIn",
+    "NoteIn",
     "TryLater",
     "WireError",
     "check_tensors",

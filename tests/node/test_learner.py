@@ -25,7 +25,7 @@ from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
-from p2pfed.wire import Message, WireError
+from p2pfed.wire import Message, NoteIn, WireError
 from p2pfed.wire.messages import check_body
 
 SCENARIO = """
@@ -123,7 +123,7 @@ async def test_a_choice_made_before_a_round_is_checkpointed_before_the_round_tra
 
     monkeypatch.setattr(alone, "checkpoint", spy)
     await alone.run_round(1)  # a warm-up round: nothing chosen yet
-    monkeypatch.setattr("p2pfed.node.learner.train_epochs", crash)
+    monkeypatch.setattr("p2pfed.node.local.train_epochs", crash)
     with pytest.raises(RuntimeError, match="killed while training"):
         await alone.run_round(2)  # the influence phase (no peers: it chooses nobody), then the crash
     assert saved == [(1, None), (1, [])]  # the choice was on disk before the round's training
@@ -597,8 +597,8 @@ async def test_a_note_of_this_round_is_routed_to_the_method_and_kept_for_collect
     await n._on_note(note("n00", "choices", ["n01"], [0.25]))
     await n._on_note(note("n02", "choices", ["n00"], [0.5], rnd=1))
     assert n.method.choosers == {"n00"}
-    assert n.inbox[("choices", 0)] == {"n00": {"names": ["n01"], "values": [0.25]}}
-    assert await n.collect("choices", 1, {"n02"}, 1) == {"n02": {"names": ["n00"], "values": [0.5]}}
+    assert n.inbox[("choices", 0)] == {"n00": NoteIn("n00", {"n01": 0.25})}
+    assert await n.collect("choices", 1, {"n02"}, 1) == {"n02": NoteIn("n02", {"n00": 0.5})}
 
 
 @pytest.mark.parametrize(("sender", "kind", "names", "values", "reason"), [

@@ -23,8 +23,9 @@ import torch
 
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.influence.selection import select_peers
-from p2pfed.methods.base import Method, NodeContext
+from p2pfed.methods.base import Method, PeerContext
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
+from p2pfed.wire import ModelIn
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class PFedLIAP2P(Method):
     options_type = P2POptions
     options: P2POptions
 
-    def __init__(self, node: NodeContext, options: P2POptions) -> None:
+    def __init__(self, node: PeerContext, options: P2POptions) -> None:
         super().__init__(node, options)
         self.chosen: set[str] | None = None  # None until the influence phase ran
         self.choosers: set[str] = set()  # peers that chose this node: they get its model
@@ -79,7 +80,7 @@ class PFedLIAP2P(Method):
         partial = await self.train_partial()
         delivered = await self.node.send_model(peers, "partial", partial)
         received = await self.node.collect("partial", rnd, peers, timeout=None)
-        partials = {name: item["state"] for name, item in received.items()}
+        partials = {name: item.state for name, item in received.items() if isinstance(item, ModelIn)}
         scores = await self.score(partials)
         await self.choose(scores)
         # Wait for everyone's choice before training, so that each node knows who chose it and sends

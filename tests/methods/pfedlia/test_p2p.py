@@ -10,10 +10,11 @@ from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.learn.tasks import CLASSIFICATION
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
+from p2pfed.wire import ModelIn, NoteIn
 
 
 class FakeNode:
-    """A NodeContext whose peers' partial models are given by the test (their scores: ScoredPFedLIA)."""
+    """A PeerContext whose peers' partial models are given by the test (their scores: ScoredPFedLIA)."""
 
     def __init__(self, name: str, peers: list[str], scores: dict[str, float], keeps: dict[str, set[str]]) -> None:
         self.name, self.round = name, 0
@@ -51,11 +52,10 @@ class FakeNode:
         return len(to)
 
     async def collect(self, kind: str, rnd: int, expected: set[str], timeout: float | None
-                      ) -> dict[str, dict[str, Any]]:
+                      ) -> dict[str, ModelIn | NoteIn]:
         if kind == "partial":
-            return {p: {"state": {"w": torch.full((2,), float(i))}, "samples": 1}
-                    for i, p in enumerate(sorted(expected))}
-        return {p: {"peers": []} for p in expected}
+            return {p: ModelIn(p, {"w": torch.full((2,), float(i))}, 1) for i, p in enumerate(sorted(expected))}
+        return {p: NoteIn(p, {}) for p in expected}
 
     async def send_note(self, to: list[str], kind: str, values: dict[str, float]) -> int:
         assert kind == "choices"
