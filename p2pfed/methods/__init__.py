@@ -9,12 +9,13 @@ from pathlib import Path
 from p2pfed.config import ConfigError
 from p2pfed.learn.datasets import task_of
 from p2pfed.methods.base import Method, NodeContext, PeerContext
-from p2pfed.methods.baselines import FedAvg, Local, Oracle
+from p2pfed.methods.baselines import FedAvgPeer, FedAvgServer, LocalPeer, LocalServer, OraclePeer, OracleServer
 from p2pfed.methods.cam import FeSEMCAMServer, IFCACAMServer
 from p2pfed.methods.central import ClientMethod, ServerContext, ServerMethod
 from p2pfed.methods.cfl import CFLServer
+from p2pfed.methods.dpsgd import DPSGD
 from p2pfed.methods.ensemble import FedAvgEnsembleServer, FedProxEnsembleServer
-from p2pfed.methods.fedavg import FedAvgServer, LocalServer, OracleServer
+from p2pfed.methods.epidemic import Epidemic
 from p2pfed.methods.fedavgm import FedAvgMServer
 from p2pfed.methods.feddsmic import FedDSMICPaperServer, FedDSMICServer, FedDSPaperServer, FedDSServer
 from p2pfed.methods.fedfm import FedFML2Server, FedFMLiteServer, FedFMServer
@@ -23,6 +24,7 @@ from p2pfed.methods.fedproto import FedProtoServer
 from p2pfed.methods.fedprox import FedProxServer
 from p2pfed.methods.fedprox_fm import FedProxFMServer
 from p2pfed.methods.fesem import FeSEMServer
+from p2pfed.methods.gossip import Gossip
 from p2pfed.methods.ifca import IFCAServer
 from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.methods.perfedavg import PerFedAvgServer
@@ -31,7 +33,8 @@ from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
 from p2pfed.methods.scaffold import ScaffoldServer
 from p2pfed.scenario.config import Moved, Scenario, load_scenario, source
 
-REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Local, FedAvg, Oracle, PFedLIAP2P, PFedLIAP2PPaper)}
+REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
+    LocalPeer, FedAvgPeer, OraclePeer, PFedLIAP2P, PFedLIAP2PPaper, DPSGD, Gossip, Epidemic)}
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     FedAvgServer, FedProxServer, LocalServer, OracleServer, FeSEMServer, IFCAServer, CFLServer,
     PFedLIACentralServer, PFedLIACentralPaperServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,

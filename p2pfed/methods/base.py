@@ -23,9 +23,11 @@ knows no kind by name.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -115,6 +117,10 @@ class PeerContext(NodeContext, Protocol):
 
     def live_peers(self) -> list[str]:
         """Names of the learning peers currently alive."""
+
+    def members(self) -> list[str]:
+        """Names of every learning member this node knows of, itself included, alive or not, sorted: a set that
+        does not shrink when a member dies or finishes and leaves, to lay a topology over."""
 
     def drawn(self, name: str, rnd: int) -> bool:
         """Whether the scenario's participation draw has node name train in round rnd (the same on every node)."""
@@ -230,3 +236,22 @@ class Method:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Take back what state() returned."""
+
+
+def shared_rng(seed: int, *keys: object) -> np.random.Generator:
+    """A random generator every node seeds alike from the scenario's seed and keys (a node's name, a round): a
+    draw about anyone (whom a node contacts in a round) that every node computes the same, with no message."""
+    digest = hashlib.blake2b("/".join(map(str, (seed, *keys))).encode(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(digest, "big"))
+
+
+def mixed(weights: dict[str, float], own: dict[str, torch.Tensor], arrived: dict[str, ModelIn]
+          ) -> dict[str, torch.Tensor] | None:
+    """The node's model mixed with its neighbours' by weights (a row of a mixing matrix: the node's own name and
+    its neighbours', summing to 1); a neighbour whose model did not arrive leaves its weight with the node's own
+    model (the row still sums to 1). None when nothing arrived: the model stays as it is."""
+    got = sorted(p for p in arrived if p in weights)
+    if not got:
+        return None
+    kept = 1.0 - sum(weights[p] for p in got)
+    return weighted_average([arrived[p].state for p in got] + [own], [weights[p] for p in got] + [kept])

@@ -43,8 +43,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from p2pfed.learn.train import Evaluation, distance_penalty, state_of, weighted_average
+from p2pfed.methods.baselines import FedAvgServer
 from p2pfed.methods.central import ClientMethod, ServerContext, Task, Update
-from p2pfed.methods.fedavg import FedAvgServer
 from p2pfed.methods.fedprox import FedProxOptions, FedProxServer
 from p2pfed.methods.options import ClusteredOptions
 from p2pfed.wire import WireError

@@ -22,8 +22,8 @@ import torch
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import weighted_average
+from p2pfed.methods.baselines import FedAvgServer
 from p2pfed.methods.central import ServerContext, Update, trainable_names
-from p2pfed.methods.fedavg import FedAvgServer
 from p2pfed.methods.options import MethodOptions
 
 

@@ -46,9 +46,9 @@ from torch.nn import functional as F
 from p2pfed.config import ConfigError
 from p2pfed.learn.models import features_and_logits
 from p2pfed.learn.train import Evaluation, distance_penalty, state_of, weighted_average
+from p2pfed.methods.baselines import FedAvgServer
 from p2pfed.methods.central import ClientMethod, Task, Update
 from p2pfed.methods.class_tables import class_mean, class_prototypes, global_table, head_classes, local_table
-from p2pfed.methods.fedavg import FedAvgServer
 from p2pfed.methods.options import MethodOptions
 from p2pfed.wire import WireError
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from p2pfed.config import ConfigError
+from p2pfed.methods.baselines import FedAvgServer
 from p2pfed.methods.central import Task
-from p2pfed.methods.fedavg import FedAvgServer
 from p2pfed.methods.options import MethodOptions
 
 

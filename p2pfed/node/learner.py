@@ -78,6 +78,9 @@ class LearningNode(LocalNode):
         """Learning peers (not the bootstrap) that are alive or suspect."""
         return self.endpoint.peers.live_names("node")
 
+    def members(self) -> list[str]:
+        return sorted({self.name, *(p.name for p in self.endpoint.peers.peers.values() if p.role == "node")})
+
     def drawn(self, name: str, rnd: int) -> bool:
         return participates(self.scenario.seed, name, rnd, self.cfg.participation)
 

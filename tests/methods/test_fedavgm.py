@@ -14,8 +14,8 @@ from torch import nn
 from p2pfed.config import ConfigError
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.methods import load_checked
+from p2pfed.methods.baselines import FedAvgServer
 from p2pfed.methods.central import ServerMethod, Update
-from p2pfed.methods.fedavg import FedAvgServer
 from p2pfed.methods.fedavgm import FedAvgMOptions, FedAvgMServer
 from tests.methods.fake import FakeCoordinator, vec
 from tests.scenario.test_mesh_learning import shrink, write

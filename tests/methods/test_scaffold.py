@@ -20,8 +20,8 @@ from p2pfed.launch.runner import prepare_data
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.train import train_epochs
 from p2pfed.methods import load_checked
+from p2pfed.methods.baselines import FedAvgServer
 from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
-from p2pfed.methods.fedavg import FedAvgServer
 from p2pfed.methods.scaffold import ScaffoldClient, ScaffoldOptions, ScaffoldServer, moving_steps
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.node.client import CentralNode
