@@ -144,6 +144,15 @@ def test_the_write_a_method_example_is_the_code_it_shows() -> None:
     assert block.strip() in code
 
 
+def test_the_readme_example_of_a_method_that_runs_both_ways_is_the_code_it_shows() -> None:
+    page = (ROOT / "README.md").read_text()
+    section = page[page.index("## Write your own method"):page.index("## Results")]
+    blocks = [b for lang, b in FENCE.findall(section) if lang == "python"]
+    code = (ROOT / "p2pfed" / "methods" / "baselines.py").read_text()
+    assert len(blocks) == 3 and all(block.strip() in code for block in blocks)
+    assert {"oracle", "oracle-p2p"} <= set(METHODS)
+
+
 @pytest.mark.parametrize("name", ["quickstart", "compare-digits"])
 def test_p2pfed_report_redraws_a_shipped_run_from_its_committed_files(tmp_path: Path, name: str) -> None:
     """The shipped summary.json is what `p2pfed report` computes from the shipped records, not a file kept

@@ -1,6 +1,7 @@
 """Run a scenario on this machine: for each method, a bootstrap and N nodes over real ZeroMQ TCP (all in
 this process, or one process per node), a coordinator for the coordinated methods (in this process,
-talking to the nodes over the same sockets), scripted events, and a run folder that report.py reads.
+talking to the nodes over the same sockets), scripted events, and a run folder that p2pfed report
+(report/results.py) reads.
 """
 
 from __future__ import annotations

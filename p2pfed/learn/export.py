@@ -65,7 +65,7 @@ class ModelCard:
     node: str = ""
     method: str = ""
     round: int = -1
-    recipe: str = ""  # the recipe's fingerprint (scenario/recipe.py)
+    recipe: str = ""  # the recipe's fingerprint (Scenario.fingerprint, scenario/config.py)
     class_names: list[str] = field(default_factory=list)  # the recipe's data.class_names, in class order
     # [lowest, highest] value of the training inputs in raw units, to warn of inputs in other units; empty in
     # cards written before it was kept (and for text): not checked

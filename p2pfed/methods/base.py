@@ -9,9 +9,10 @@ A peer-to-peer method (``Method``) steers its node's whole round, as a Flower St
 (configure, fit, aggregate), each hook with a default that is FedAvg among all live peers:
 
 - ``before_round``: work before the round (pFedLIA's influence phase);
-- ``takes_part``: whether this node (or a peer) trains and sends in the round (the scenario's draw);
+- ``takes_part``: whether this node (or a peer) trains in the round (the scenario's draw);
 - ``train``: the node's local training (default: the scenario's SGD on its own data);
-- ``outgoing`` and ``subscribers``: what the node sends, and to whom;
+- ``sends``, ``outgoing`` and ``subscribers``: whether the node sends (default: when it trained), what, and
+  to whom;
 - ``sources`` and ``expected``: whose models it takes, and which of them it waits for;
 - ``aggregate``: its model after the round from the models that arrived (default: sample-weighted FedAvg).
 
@@ -101,8 +102,8 @@ class NodeContext(Protocol):
 
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
                          ) -> dict[str, torch.Tensor]:
-        """A copy of start trained on the first samples of the node's shard, as the node would send it (a
-        scripted adversary's: start untrained, or noise); the node's own model is unchanged."""
+        """A copy of start trained on the first samples of the node's shard (a scripted free-rider's: start,
+        untrained); the node's own model is unchanged."""
 
     async def on_validation(self, judge: Callable[..., T]) -> T:
         """judge(model, x_val, y_val, device, task) in a worker thread, on the node's validation split."""
@@ -119,8 +120,9 @@ class PeerContext(NodeContext, Protocol):
         """Names of the learning peers currently alive."""
 
     def members(self) -> list[str]:
-        """Names of every learning member this node knows of, itself included, alive or not, sorted: a set that
-        does not shrink when a member dies or finishes and leaves, to lay a topology over."""
+        """Names of every learning member this node has known of, itself included, alive or not, sorted: a set
+        that only grows (a member that dies, finishes or is forgotten by the membership table keeps its place),
+        to lay a topology over."""
 
     def drawn(self, name: str, rnd: int) -> bool:
         """Whether the scenario's participation draw has node name train in round rnd (the same on every node)."""
@@ -192,9 +194,14 @@ class Method:
         draw, which every node computes alike, unless every node must."""
         return self.must_participate(rnd) or self.node.drawn(peer or self.node.name, rnd)
 
+    def sends(self, rnd: int) -> bool:
+        """Whether this node sends its model in round rnd: by default when it takes part (trains)."""
+        return self.takes_part(rnd)
+
     def expected(self, rnd: int) -> set[str]:
         """The peers whose round models this node waits for in rnd: the sources that take part."""
         return {p for p in self.sources(rnd) if self.takes_part(rnd, p)}
+
 
     async def before_round(self, rnd: int) -> None:
         """Work before the round's training (e.g. pFedLIA's influence phase)."""
@@ -209,8 +216,8 @@ class Method:
         return self.node.current_state()
 
     def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
-        """The node's model after round rnd, from the sources' models that arrived and its own (None if it did not
-        take part); None keeps the model it has. Default: the sample-weighted average of the models that arrived
+        """The node's model after round rnd, from the sources' models that arrived and its own (None if it sent
+        none); None keeps the model it has. Default: the sample-weighted average of the models that arrived
         and its own, so every member of a group ends the round with the group's average (what a server averaging
         the group's models would give); the node's model as it is when none arrived."""
         if not arrived:
@@ -236,6 +243,36 @@ class Method:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Take back what state() returned."""
+
+
+class Exchanging(Method):
+    """A method whose nodes all exchange models every round, as decentralized SGD does: the scenario's
+    participation draw decides only who trains (every method trains the same nodes in the same rounds), and a
+    node drawn out of training still sends its model and takes its sources'. (Were it to sit the round out, it
+    would wait for nobody and run rounds ahead of its neighbours.) A source's model that does not come (a dead
+    or finished member) is not waited for past the deadline."""
+
+    def sends(self, rnd: int) -> bool:
+        return True
+
+    def subscribers(self, rnd: int) -> set[str]:
+        return super().subscribers(rnd) & set(self.node.live_peers())
+
+    def expected(self, rnd: int) -> set[str]:
+        return self.sources(rnd)
+
+
+class Mixing(Exchanging):
+    """A method whose node mixes its model with its neighbours' by the weights of a doubly stochastic matrix (a
+    row per node, ``weights``), so the mesh's mean model is kept; a neighbour's model that did not come leaves
+    its weight with the node's own (the row still sums to 1)."""
+
+    def weights(self, rnd: int) -> dict[str, float]:
+        """This node's row of the round's mixing matrix: its neighbours' weights and its own."""
+        raise NotImplementedError
+
+    def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
+        return mixed(self.weights(rnd), own.state if own is not None else self.node.current_state(), arrived)
 
 
 def shared_rng(seed: int, *keys: object) -> np.random.Generator:

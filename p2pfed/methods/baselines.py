@@ -15,14 +15,12 @@ of local computation and differ only in what they average.
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from p2pfed.methods.base import Method
-from p2pfed.methods.central import ServerMethod, Task
-
-OWN = -1  # the group of a node on its own (no model is sent to it or taken from it)
+from p2pfed.methods.central import ServerContext, ServerMethod, Task, Update
 
 
 class Knows(Protocol):
@@ -53,12 +51,12 @@ class FedAvg(Baseline):
 
 
 class Oracle(Baseline):
-    """The true clusters (known from the scenario's partition); a node of no known cluster is on its own."""
+    """The true clusters (known from the scenario's partition; the nodes of no known cluster, -1, are one more
+    group)."""
 
     @staticmethod
     def group(ctx: Knows, node: str) -> int | None:
-        cluster = ctx.true_cluster_of(node)
-        return cluster if cluster >= 0 else None
+        return ctx.true_cluster_of(node)
 
 
 class Local(Baseline):
@@ -70,25 +68,42 @@ class Local(Baseline):
 
 
 class ServerForm(ServerMethod):
-    """A baseline run by a coordinator: FedAvg per group; a node on its own gets train tasks with no model and
-    trains its own."""
+    """A baseline run by a coordinator: FedAvg per group; a node on its own gets train tasks with no model,
+    trains its own, and anything it sends back is ignored."""
 
     baseline: ClassVar[type[Baseline]]
 
+    def __init__(self, ctx: ServerContext, options: Any) -> None:
+        super().__init__(ctx, options)
+        self.alone: set[str] = set()  # the nodes on their own
+
+    def knows(self, node: str) -> bool:
+        return node in self.groups or node in self.alone
+
     def admit(self, node: str) -> None:
         group = self.baseline.group(self.ctx, node)
-        self.groups[node] = OWN if group is None else group
-        if group is not None:
-            self.models.setdefault(group, dict(self.ctx.initial))
+        if group is None:
+            self.alone.add(node)
+            return
+        self.groups[node] = group
+        self.models.setdefault(group, dict(self.ctx.initial))
 
     def train_task(self, rnd: int, node: str) -> Task:
-        return Task("train") if self.groups.get(node) == OWN else super().train_task(rnd, node)
+        return Task("train") if node in self.alone else super().train_task(rnd, node)
+
+    def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
+        super().aggregate(rnd, {node: up for node, up in updates.items() if node not in self.alone})
 
     def eval_task(self, node: str) -> Task:
-        return Task("eval") if self.groups.get(node) == OWN else super().eval_task(node)
+        return Task("eval") if node in self.alone else super().eval_task(node)
 
-    def clusters(self) -> dict[str, int]:
-        return {node: group for node, group in self.groups.items() if group != OWN}
+    def state(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+        data, models = super().state()
+        return {**data, "alone": sorted(self.alone)}, models
+
+    def restore(self, data: dict[str, Any], models: dict[str, dict[str, torch.Tensor]]) -> None:
+        super().restore(data, models)
+        self.alone = set(data.get("alone", []))
 
     def served_model(self) -> dict[str, torch.Tensor] | None:
         return self.models.get(0) if self.baseline.serves_one_model else None

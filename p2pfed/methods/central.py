@@ -1,4 +1,5 @@
-"""The interface of the methods a coordinator runs, server side and node side, and their common base.
+"""The interface of the methods a coordinator runs, server side and node side (what every node offers its
+method, ``NodeContext``, is in methods/base.py), and their common base.
 
 A round at the coordinator (coordinator/server.py) asks its method, in this order: anything before the
 round (``before_round``: pFedLIA-central's influence phase, FeSEM's initial clustering), who trains
@@ -15,9 +16,9 @@ FeSEM place a node they know nothing of yet). What the node does with a task is 
 base covers plain local training with an optional distance penalty; methods that change local training
 subclass it.
 
-Every method here is the classic FedAvg server for some grouping of the nodes (``GroupedFedAvg``):
-FedAvg is one group, Oracle the true clusters, pFedLIA-central the OPTICS clusters, FeSEM/IFCA/CFL
-groups that move. Subclasses override only what differs.
+The base ``ServerMethod`` is the classic FedAvg server for some grouping of the nodes: FedAvg is one group,
+Oracle the true clusters, pFedLIA-central the OPTICS clusters, FeSEM/IFCA/CFL groups that move. Subclasses
+override only what differs.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ Where the paper is silent:
   late changes the graph for each node as it hears of it.
 - A neighbour whose model did not come by the deadline (dead, finished, or not drawn to take part) leaves its
   weight with the node's own model: the row still sums to 1.
-- A node not drawn to take part trains nothing and sends nothing, but still mixes in what its neighbours
-  send (its model is its own, as in D-PSGD every node holds one).
+- Every node exchanges and mixes every round; the scenario's participation draw decides only who trains in
+  a round (methods/base.py: ``Exchanging``), so the mixing stays doubly stochastic and the mean model is kept.
+- Train, then mix, as decentralizepy runs it (Lian et al.'s Algorithm 1 mixes the models and steps with the
+  gradient of the model before mixing in the same iteration).
 """
 
 from __future__ import annotations
@@ -25,13 +27,11 @@ import math
 from dataclasses import dataclass
 
 import networkx as nx
-import torch
 
 from p2pfed.config import ConfigError
-from p2pfed.methods.base import Method, mixed
+from p2pfed.methods.base import Mixing
 from p2pfed.methods.options import MethodOptions
 from p2pfed.scenario.config import Scenario
-from p2pfed.wire import ModelIn
 
 TOPOLOGIES = ("ring", "torus", "regular", "full")
 
@@ -41,13 +41,14 @@ class DPSGDOptions(MethodOptions):
     """D-PSGD's options, the scenario's [methods.dpsgd] table."""
 
     topology: str = "ring"  # ring, torus (a 2-D grid that wraps around), regular (random d-regular) or full
-    degree: int = 4  # d, each node's neighbours in the regular topology (d·N must be even)
+    degree: int = 4  # d, each node's neighbours in the regular topology (at least 3; d·N must be even)
 
     def validate(self, where: str) -> None:
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"{where}topology must be one of {', '.join(TOPOLOGIES)} (got {self.topology!r})")
-        if self.degree < 1:
-            raise ConfigError(f"{where}degree must be >= 1 (got {self.degree})")
+        if self.topology == "regular" and self.degree < 3:
+            raise ConfigError(f"{where}degree must be >= 3 for a regular topology (degree 2 is a ring: topology = "
+                              f'"ring"; got {self.degree})')
 
     def within(self, scenario: Scenario, where: str) -> None:
         if self.topology == "regular" and self.degree >= scenario.nodes:
@@ -84,7 +85,7 @@ def metropolis_hastings(graph: nx.Graph, node: str) -> dict[str, float]:
     return {**row, node: 1.0 - sum(row.values())}
 
 
-class DPSGD(Method):
+class DPSGD(Mixing):
     """Train, send to the topology's neighbours, mix with Metropolis–Hastings weights."""
 
     name = "dpsgd"
@@ -98,8 +99,5 @@ class DPSGD(Method):
     def sources(self, rnd: int) -> set[str]:
         return set(self.graph().neighbors(self.node.name))
 
-    def subscribers(self, rnd: int) -> set[str]:
-        return self.sources(rnd) & set(self.node.live_peers())
-
-    def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
-        return mixed(metropolis_hastings(self.graph(), self.node.name), self.node.current_state(), arrived)
+    def weights(self, rnd: int) -> dict[str, float]:
+        return metropolis_hastings(self.graph(), self.node.name)

@@ -13,7 +13,8 @@ Where the paper is silent:
   each sender draw its own; the draw is the same, only known to all). A member that died or finished keeps
   its place in the draw (a model drawn for it is not sent), so the draws do not shift in mid-round.
 - s = 0 (the default) takes ⌈log₂ N⌉ of the members, our choice: it grows as the mesh does.
-- A member not drawn to take part sends nothing and mixes what comes.
+- Every node sends and averages every round (EL's rounds have no participation); the scenario's participation
+  draw decides only who trains in a round (methods/base.py: ``Exchanging``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import weighted_average
-from p2pfed.methods.base import Method, shared_rng
+from p2pfed.methods.base import Exchanging, shared_rng
 from p2pfed.methods.options import MethodOptions
 from p2pfed.wire import ModelIn
 
@@ -52,7 +53,7 @@ def recipients(seed: int, sender: str, rnd: int, members: list[str], fanout: int
     return {others[int(i)] for i in picks}
 
 
-class Epidemic(Method):
+class Epidemic(Exchanging):
     """Train, send to s random members, average what came with the own model, equally weighted."""
 
     name = "epidemic"
@@ -61,7 +62,7 @@ class Epidemic(Method):
 
     def subscribers(self, rnd: int) -> set[str]:
         drawn = recipients(self.node.seed, self.node.name, rnd, self.node.members(), self.options.fanout)
-        return drawn & set(self.node.live_peers())
+        return drawn & set(self.node.live_peers())  # a model drawn for a dead or finished member is not sent
 
     def sources(self, rnd: int) -> set[str]:
         members = self.node.members()

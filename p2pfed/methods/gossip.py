@@ -13,17 +13,16 @@ the same round, so a node may be picked by several):
   learning members it knows of, so each knows whose models to wait for with no message: the peers it picked
   and the peers that picked it. A member that died or finished keeps its place in the draw (a pick of it is
   a round without that exchange), so the draws do not shift under the others in mid-round.
-- A member not drawn to take part still has a partner and mixes what comes; it sends nothing.
+- Every node exchanges and mixes every round; the scenario's participation draw decides only who trains in
+  a round (methods/base.py: ``Exchanging``), so the mixing stays doubly stochastic and the mean model is kept.
 """
 
 from __future__ import annotations
 
 import networkx as nx
-import torch
 
-from p2pfed.methods.base import Method, mixed, shared_rng
+from p2pfed.methods.base import Mixing, shared_rng
 from p2pfed.methods.dpsgd import metropolis_hastings
-from p2pfed.wire import ModelIn
 
 
 def partner(seed: int, node: str, rnd: int, members: list[str]) -> str | None:
@@ -45,7 +44,7 @@ def contacts(seed: int, rnd: int, members: list[str]) -> nx.Graph:
     return graph
 
 
-class Gossip(Method):
+class Gossip(Mixing):
     """Train, exchange with one random peer (and whoever picked this node), mix."""
 
     name = "gossip"
@@ -57,8 +56,5 @@ class Gossip(Method):
     def sources(self, rnd: int) -> set[str]:
         return set(self.graph(rnd).neighbors(self.node.name))
 
-    def subscribers(self, rnd: int) -> set[str]:
-        return self.sources(rnd) & set(self.node.live_peers())
-
-    def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
-        return mixed(metropolis_hastings(self.graph(rnd), self.node.name), self.node.current_state(), arrived)
+    def weights(self, rnd: int) -> dict[str, float]:
+        return metropolis_hastings(self.graph(rnd), self.node.name)

@@ -123,7 +123,7 @@ class CentralNode(LocalNode):
         if task.groups and len(task.groups) != len(task.candidates):
             raise WireError("a task's groups must name one group per candidate model")
         async with self.lock:
-            self.round = self.endpoint.round = msg.round
+            self.round = msg.round
             if self.send_delay:
                 await asyncio.sleep(self.send_delay)
             if kind == "train":

@@ -1,7 +1,7 @@
 """A learning node: its shard, its model, and the round loop that a method steers.
 
 One round, top to bottom (``run_round``), each step the method's (methods/base.py): its pre-round work →
-its local training if this node takes part → its outgoing model to its subscribers → collect its expected
+its local training if this node takes part → its outgoing model to its subscribers if it sends → collect its expected
 sources' models until they are all in (dead peers excused) or the deadline passes → its aggregate of them →
 evaluate → record → checkpoint.
 Training, scoring and evaluation run in worker threads; the event loop keeps answering heartbeats.
@@ -66,6 +66,7 @@ class LearningNode(LocalNode):
         self.method = make_method(method, self, scenario)
         self.inbox: dict[tuple[str, int], dict[str, ModelIn | NoteIn]] = {}
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
+        self.known = {self.name}  # every learning member it has known of (members())
         self.arrivals = asyncio.Event()
         self.send_delay = 0.0
         self.out_dir = out_dir
@@ -79,7 +80,8 @@ class LearningNode(LocalNode):
         return self.endpoint.peers.live_names("node")
 
     def members(self) -> list[str]:
-        return sorted({self.name, *(p.name for p in self.endpoint.peers.peers.values() if p.role == "node")})
+        self.known.update(p.name for p in self.endpoint.peers.peers.values() if p.role == "node")
+        return sorted(self.known)
 
     def drawn(self, name: str, rnd: int) -> bool:
         return participates(self.scenario.seed, name, rnd, self.cfg.participation)
@@ -256,7 +258,7 @@ class LearningNode(LocalNode):
         if resumed is not None:
             start_round = max(start_round, resumed + 1)
         # Peers may send this round's models while this node waits to start: take them.
-        self.round = self.endpoint.round = start_round
+        self.round = start_round
         deadline = time.monotonic() + start_timeout
         # A restarted node does not wait for the run to start: the others have (some may have finished).
         told = 0.0
@@ -330,7 +332,7 @@ class LearningNode(LocalNode):
     async def run_round(self, rnd: int) -> int:
         """One round: pre-round work, train, send, collect, average, evaluate, record, checkpoint. Return the
         round it ran: a later one if the pre-round work took so long that the mesh went on meanwhile."""
-        self.round = self.endpoint.round = rnd
+        self.round = rnd
         for key in [k for k in self.inbox if k[1] < rnd]:
             del self.inbox[key]  # models of rounds gone (stragglers' late sends)
         decided = self.method.state()
@@ -340,21 +342,22 @@ class LearningNode(LocalNode):
             # them): keep it now, so a crash later in this round resumes with it instead of choosing again.
             self.checkpoint(rnd - 1)
             # A late joiner's choice took its fetches' time: its chosen peers may be far ahead by now.
-            rnd = self.round = self.endpoint.round = self.catch_up(rnd)
+            rnd = self.round = self.catch_up(rnd)
         # Who counts in this round, as the round starts: a source that sends its model and then finishes
         # the run (and leaves) before this node collects still counts.
         counted = self.method.sources(rnd)
         train_loss = None
         took_part = self.method.takes_part(rnd)
-        if took_part:
-            if self.adversary != "free-rider":  # a scripted free-rider sends its model untrained
-                train_loss = await self.method.train(rnd)
+        if took_part and self.adversary != "free-rider":  # a scripted free-rider sends its model untrained
+            train_loss = await self.method.train(rnd)
+        sent = took_part or self.method.sends(rnd)
+        if sent:
             await self.send_model(self.method.subscribers(rnd), "model", self.method.outgoing(rnd))
         expected = self.method.expected(rnd)
         collected = await self.collect("model", rnd, expected, self.cfg.round_timeout)
         arrived = {p: m for p, m in collected.items()
                    if p in counted | self.method.sources(rnd) and isinstance(m, ModelIn)}
-        own = ModelIn(self.name, self.current_state(), self.samples) if took_part else None
+        own = ModelIn(self.name, self.current_state(), self.samples) if sent else None
         new = self.method.aggregate(rnd, own, arrived)
         if new is not None:
             self.load_state(new)

@@ -102,7 +102,7 @@ class LocalNode:
         self.name = name or scenario.node_name(index)
         self.endpoint = endpoint
         self.method_name = method
-        self.round = 0
+        self._round = 0
         self.seed = scenario.seed
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
@@ -123,6 +123,16 @@ class LocalNode:
                                  method=method or "")
         self.progress = Progress(method or "")
         endpoint.progress = self.progress.body  # its status tells its curve and choice (p2pfed dashboard)
+
+    @property
+    def round(self) -> int:
+        """The round this node is in: what its records carry and what its endpoint advertises to its peers
+        (set here, in one place, for both)."""
+        return self._round
+
+    @round.setter
+    def round(self, rnd: int) -> None:
+        self._round = self.endpoint.round = rnd
 
     def true_cluster_of(self, name: str) -> int:
         """A node's true cluster in the scenario's partition, -1 if unknown (a node with its own data knows none)."""

@@ -11,6 +11,7 @@ from torch import nn
 from p2pfed.learn.tasks import CLASSIFICATION
 from p2pfed.learn.train import Evaluation, evaluate, train_epochs
 from p2pfed.methods.central import Task
+from p2pfed.wire import ModelIn
 
 CPU = torch.device("cpu")
 
@@ -95,3 +96,36 @@ class FakeNode:
 def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """The squared distance between two models."""
     return float(sum(((a[k] - b[k]) ** 2).sum() for k in a))
+
+
+class FakePeers:
+    """A peer-to-peer node's view for a method that only chooses whom it mixes with: its name, the members it
+    knows of, which of them are live, the scenario's seed and its own model (a scalar per model, "w")."""
+
+    def __init__(self, name: str, members: list[str], *, live: list[str] | None = None, seed: int = 0,
+                 own: float = 0.0, out: frozenset[str] = frozenset()) -> None:
+        self.name, self.seed, self.round, self.out = name, seed, 0, out  # out: the members drawn out of every round
+        self.known = sorted({name, *members})
+        self.live = sorted(live if live is not None else [m for m in self.known if m != name])
+        self.state = vec(own)
+
+    def members(self) -> list[str]:
+        return self.known
+
+    def live_peers(self) -> list[str]:
+        return self.live
+
+    def current_state(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+    def drawn(self, name: str, rnd: int) -> bool:
+        return name not in self.out
+
+    def mine(self) -> ModelIn:
+        """This node's model as the round loop hands it to aggregate when the node took part."""
+        return ModelIn(self.name, self.state, 1)
+
+
+def models(**values: float) -> dict[str, ModelIn]:
+    """Arrived models by sender: a scalar model each, one sample."""
+    return {name: ModelIn(name, vec(v), 1) for name, v in values.items()}

@@ -61,14 +61,15 @@ DEFAULTS = {
     "fedavgm": {"momentum": 0.9, "server_lr": 1.0}, "scaffold": {"server_lr": 1.0},
     "fedavg-ensemble": {"k": 0}, "fedprox-ensemble": {"k": 0, "mu": 0.01},
     "fedprox-fm": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False, "mu": 0.01},
+    "dpsgd": {"topology": "ring", "degree": 4}, "epidemic": {"fanout": 0},
 }
 
 
 @pytest.mark.parametrize("method", sorted(OPTIONS))
 def test_every_methods_defaults_are_the_former_ones_valid_and_frozen(method: str) -> None:
     options = OPTIONS[method]
-    if options is None:  # fedavg, local, oracle and their p2p forms have nothing to set
-        assert method not in DEFAULTS and method.removesuffix("-p2p") in ("fedavg", "local", "oracle")
+    if options is None:  # fedavg, local, oracle and their p2p forms, and gossip, have nothing to set
+        assert method not in DEFAULTS and method.removesuffix("-p2p") in ("fedavg", "local", "oracle", "gossip")
         return
     assert dataclasses.asdict(options()) == DEFAULTS[method]
     options().validate(f"methods.{method}.")
