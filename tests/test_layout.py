@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[1] / "p2pfed"
 GENERIC = ("node", "coordinator", "net", "wire", "launch", "report", "scenario")
 # every registered method by name and by its family's spelling (fedavg-p2p → fedavg), and pFedLIA's terms
 FAMILIES = {m.removesuffix("-p2p").removesuffix("-central").removesuffix("-cam") for m in METHODS}
-# ("local", local training, is also a plain word: its p2p form "local-p2p" is checked.)
-TERMS = sorted({*METHODS, *FAMILIES, "pfedlia", "per-fedavg", "lazy influence", "partial model", "w0"} - {"local"})
+# ("local", local training, is also a plain word: its p2p form "local-p2p" is checked; so is "gossip", how the
+# membership spreads what a member knows.)
+TERMS = sorted({*METHODS, *FAMILIES, "pfedlia", "per-fedavg", "lazy influence", "partial model", "w0"}
+               - {"local", "gossip"})
 PATTERN = re.compile(r"(?<![\w-])(" + "|".join(re.escape(t) for t in TERMS) + r")(?![\w-])", re.IGNORECASE)
 
 
@@ -54,3 +56,17 @@ def test_every_module_is_in_a_layer_of_its_contract() -> None:
         outside = sorted(m for m in _modules(package)
                          if not any(m == name or m.startswith(name + ".") for name in layers))
         assert outside == [], f"{contract['name']}: {', '.join(outside)} in no layer"
+
+
+# A scripted adversary is a conduct the launcher hands a node (launch/adversary.py): the node, the coordinator
+# and the network run honest and scripted members alike, with no branch for either.
+ADVERSARY = re.compile(r"adversar|free.rider|noise.model|label.flip|flip_labels|noise_like", re.IGNORECASE)
+
+
+def test_no_node_coordinator_or_network_module_names_an_adversary() -> None:
+    found = [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
+             for package in ("node", "coordinator", "net") for path in sorted((ROOT / package).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             for match in [ADVERSARY.search(line)] if match]
+    assert found == [], "\n".join(found)
+    assert ADVERSARY.search('if self.adversary == "free-rider":') and ADVERSARY.search("noise_like(state, seed)")

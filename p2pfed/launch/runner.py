@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from p2pfed.coordinator.server import Coordinator
+from p2pfed.launch.adversary import conduct_of
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.methods import MOVED, is_central, load_checked
@@ -67,11 +68,13 @@ def make_node(scenario: Scenario, index: int, method: str | None, dataset: Datas
               endpoint: Endpoint, out: Path, *, coordinator: str | None = None, name: str | None = None
               ) -> LearningNode | CentralNode:
     """The node that runs method: under a coordinator (a coordinated method, or none yet: the coordinator
-    tells it), else peer to peer."""
+    tells it), else peer to peer; a scripted adversary of the scenario with its conduct."""
+    # a scripted adversary's conduct (a node with its own data is nobody's script)
+    conduct = conduct_of(scenario, index) if name is None else None
     if method is None or is_central(method):
         return CentralNode(scenario, index, method, dataset, partition, endpoint, out, coordinator=coordinator,
-                           name=name)
-    return LearningNode(scenario, index, method, dataset, partition, endpoint, out, name=name)
+                           name=name, conduct=conduct)
+    return LearningNode(scenario, index, method, dataset, partition, endpoint, out, name=name, conduct=conduct)
 
 
 def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:

@@ -69,6 +69,12 @@ class NodeContext(Protocol):
     def true_cluster_of(self, name: str) -> int:
         """A node's true cluster (from the shared scenario), -1 if unknown."""
 
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the current model's weights."""
+
+    def current_state(self) -> dict[str, torch.Tensor]:
+        """A snapshot of the current model."""
+
     async def pick(self, candidates: list[dict[str, torch.Tensor]]) -> int:
         """Index of the candidate with the lowest loss on this node's training data."""
 
@@ -148,11 +154,6 @@ class PeerContext(NodeContext, Protocol):
     async def fetch(self, peer: str, kind: str) -> dict[str, torch.Tensor] | None:
         """Ask a peer for a model it keeps; None if it has none or does not answer."""
 
-    def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace the current model's weights."""
-
-    def current_state(self) -> dict[str, torch.Tensor]:
-        """A snapshot of the current model."""
 
 
 class Method:

@@ -32,11 +32,11 @@ from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import state_of
 from p2pfed.methods import make_client
-from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
+from p2pfed.methods.central import ClientMethod, Task, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Change
 from p2pfed.net.waits import first_of
-from p2pfed.node.adversary import noise_like
+from p2pfed.node.conduct import Conduct
 from p2pfed.node.local import LocalNode
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError
@@ -56,8 +56,9 @@ class CentralNode(LocalNode):
 
     def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
                  partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None,
-                 coordinator: str | None = None, name: str | None = None) -> None:
-        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name)
+                 coordinator: str | None = None, name: str | None = None, conduct: Conduct | None = None) -> None:
+        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name,
+                         conduct=conduct)
         self.client: ClientMethod | None = make_client(method, self, scenario) if method else None
         self.coordinator = coordinator
         self.send_delay = 0.0  # a scripted slow link: seconds before every answer
@@ -72,9 +73,9 @@ class CentralNode(LocalNode):
     # -- what a ClientMethod may use besides what every node offers (node/local.py) -----------------
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float
                          ) -> dict[str, torch.Tensor]:
-        """LocalNode.train_copy as this node sends it: a noise-model adversary's copy is noise."""
-        copied = await super().train_copy(start, samples, epochs, lr)
-        return noise_like(copied, self.round_seed) if self.adversary == "noise-model" else copied
+        """LocalNode.train_copy as it leaves this node (its methods send such copies to the coordinator), through
+        its conduct."""
+        return self.conduct.outgoing(await super().train_copy(start, samples, epochs, lr), self.round_seed)
 
     # -- tasks -----------------------------------------------------------------------------------
     async def _check_sender(self, msg: Message) -> None:
@@ -127,9 +128,7 @@ class CentralNode(LocalNode):
             if self.send_delay:
                 await asyncio.sleep(self.send_delay)
             if kind == "train":
-                before = state_of(self.model) if self.adversary == "free-rider" else None
-                update, choice = await client.train(task)
-                update = self._as_adversary(update, task, choice, before, client)
+                update, choice = await self.conduct.answer(self, client, task)
                 self.record("train", train_loss=finite(update.meta["train_loss"]), choice=choice)
                 self.checkpoint()
                 body = {"kind": "update", "samples": self.data.samples,
@@ -147,19 +146,6 @@ class CentralNode(LocalNode):
             values = await client.note(task)
             answer = [values[name] for name in task.names]
             return self.endpoint.message("note", {"kind": "answer", "names": task.names, "values": answer, "meta": {}})
-
-    def _as_adversary(self, update: Update, task: Task, choice: int, before: dict[str, torch.Tensor] | None,
-                      client: ClientMethod) -> Update:
-        """What a scripted adversary sends instead of its honest update: what it was given, back untrained
-        (free-rider), or noise (noise-model). Label flipping needs nothing here: it trained on flipped labels."""
-        if self.adversary == "free-rider" and update.state is not None and before is not None:
-            given = client.given_back(task, choice, before)  # each model back as it came
-            self.model.load_state_dict(before)  # and it keeps nothing of the training it pretends to have done
-            return Update(given[0], update.samples, update.meta, given[1:], update.aux)
-        if self.adversary == "noise-model" and update.state is not None:
-            return Update(noise_like(update.state, self.round_seed), update.samples, update.meta,
-                          [noise_like(m, self.round_seed + 1) for m in update.extra], update.aux)
-        return update
 
     async def _evaluate(self, client: ClientMethod, task: Task, final: bool) -> Message:
         ev, choice = await client.evaluate(task)

@@ -28,14 +28,14 @@ import torch
 from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.partition import Partition
-from p2pfed.learn.train import evaluate, round_seed, state_of
+from p2pfed.learn.train import evaluate
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, JOINING, SUSPECT, Change
 from p2pfed.net.transport import DeliveryError
 from p2pfed.net.waits import first_of
-from p2pfed.node.adversary import noise_like
+from p2pfed.node.conduct import Conduct
 from p2pfed.node.local import LocalNode
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, ModelIn, NoteIn, WireError, check_tensors
@@ -61,8 +61,10 @@ class LearningNode(LocalNode):
     """One node of a scenario: trains its shard and exchanges models through its endpoint."""
 
     def __init__(self, scenario: Scenario, index: int, method: str, dataset: Dataset, partition: Partition,
-                 endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *, name: str | None = None) -> None:
-        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name)
+                 endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *, name: str | None = None,
+                 conduct: Conduct | None = None) -> None:
+        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name,
+                         conduct=conduct)
         self.method = make_method(method, self, scenario)
         self.inbox: dict[tuple[str, int], dict[str, ModelIn | NoteIn]] = {}
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
@@ -86,12 +88,6 @@ class LearningNode(LocalNode):
     def drawn(self, name: str, rnd: int) -> bool:
         return participates(self.scenario.seed, name, rnd, self.cfg.participation)
 
-    def current_state(self) -> dict[str, torch.Tensor]:
-        return state_of(self.model)
-
-    def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)
-
     def keep(self, models: dict[str, dict[str, torch.Tensor]]) -> None:
         """Keep models by kind, to give any peer that requests that kind (a late joiner); written at once with
         the checkpoint's kept file, so a restarted node still has them."""
@@ -108,10 +104,9 @@ class LearningNode(LocalNode):
         return self.kept.get(kind)
 
     def _outgoing(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A model as it leaves this node (sent or served): a scripted noise-model adversary's is noise."""
-        if self.adversary != "noise-model":
-            return state
-        return noise_like(state, round_seed(self.scenario.seed, self.index, self.round))
+        """A model as it leaves this node, sent or served (through its conduct: a scripted member's may not
+        be the model it has)."""
+        return self.conduct.outgoing(state, self.round_seed)
 
     async def send_model(self, to: set[str], kind: str, state: dict[str, torch.Tensor],
                          meta: dict[str, Any] | None = None) -> int:
@@ -348,8 +343,8 @@ class LearningNode(LocalNode):
         counted = self.method.sources(rnd)
         train_loss = None
         took_part = self.method.takes_part(rnd)
-        if took_part and self.adversary != "free-rider":  # a scripted free-rider sends its model untrained
-            train_loss = await self.method.train(rnd)
+        if took_part:  # (through its conduct: a scripted member may train nothing)
+            train_loss = await self.conduct.train(lambda: self.method.train(rnd))
         sent = took_part or self.method.sends(rnd)
         if sent:
             await self.send_model(self.method.subscribers(rnd), "model", self.method.outgoing(rnd))

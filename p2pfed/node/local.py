@@ -1,7 +1,7 @@
 """What both node kinds share: a scenario's node with its own data, its model, its device and its records.
 
 A learning node (learner.py, peer to peer) and a node under a coordinator (client.py) differ in who steers
-their rounds; the shard they train on, the seeded model they start from, a scripted adversary's data, the
+their rounds; the shard they train on, the seeded model they start from, a scripted member's poisoned data, the
 copy of a model trained on a batch and the look at the validation split are the same, and live here once.
 """
 
@@ -37,7 +37,7 @@ from p2pfed.learn.train import (
 from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.progress import Progress
-from p2pfed.node.adversary import flip_labels
+from p2pfed.node.conduct import Conduct
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
 
@@ -86,7 +86,7 @@ def own_index(name: str) -> int:
 
 
 class LocalNode:
-    """Node index of a scenario: its shard (a label-flip adversary's labels flipped), its model from the
+    """Node index of a scenario: its shard (as its conduct has it: honest, or a scripted member's), its model from the
     scenario's seeded weights (the same on every node: the shared initial model averaging needs), its device
     and task, its metrics file and its checkpoint's path.
 
@@ -95,7 +95,7 @@ class LocalNode:
 
     def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
                  partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *,
-                 name: str | None = None) -> None:
+                 name: str | None = None, conduct: Conduct | None = None) -> None:
         self.scenario = scenario
         self.shard = 0 if name else index  # its shard of the partition
         self.index = own_index(name) if name else index
@@ -107,12 +107,9 @@ class LocalNode:
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
         self.task = dataset.task
-        self.data = local_data(scenario, self.shard, dataset, partition)
-        # a scripted adversary of the scenario, None if honest (a node with its own data is nobody's script)
-        self.adversary = None if name else scenario.adversary_of(index)
-        if self.adversary == "label-flip":
-            self.data.y_train = flip_labels(self.data.y_train, dataset.num_classes)
-            self.data.y_val = flip_labels(self.data.y_val, dataset.num_classes)
+        # how it treats its peers: honestly, unless its launcher scripted otherwise (node/conduct.py)
+        self.conduct = conduct or Conduct()
+        self.data = self.conduct.data(local_data(scenario, self.shard, dataset, partition), dataset.num_classes)
         # the scenario's true clusters, to report; none for a node with its own data (nobody knows them)
         self.true_clusters = {} if name else {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
@@ -133,6 +130,14 @@ class LocalNode:
     @round.setter
     def round(self, rnd: int) -> None:
         self._round = self.endpoint.round = rnd
+
+    def current_state(self) -> dict[str, torch.Tensor]:
+        """A snapshot of the node's model."""
+        return state_of(self.model)
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the node's model's weights."""
+        self.model.load_state_dict(state)
 
     def true_cluster_of(self, name: str) -> int:
         """A node's true cluster in the scenario's partition, -1 if unknown (a node with its own data knows none)."""
@@ -221,13 +226,12 @@ class LocalNode:
                          ) -> dict[str, torch.Tensor]:
         """A copy of start trained on the first samples of this node's shard (already shuffled); the node's
         model is left as it is. Seeded by the scenario's seed and the node's index: the same copy after a
-        restart. A scripted free-rider's copy is start, untrained."""
-        if self.adversary == "free-rider":
-            return {k: v.clone() for k, v in start.items()}
+        restart. (Through the node's conduct: a scripted member's may be start, untrained.)"""
         n = min(samples, self.data.samples)
-        return await asyncio.to_thread(train_copy, self.model, start, self.data.x_train[:n], self.data.y_train[:n],
-                                       epochs=epochs, batch_size=self.cfg.batch_size, lr=lr,
-                                       seed=self.scenario.seed + self.index, device=self.device, task=self.task)
+        return await self.conduct.copy(start, lambda: asyncio.to_thread(
+            train_copy, self.model, start, self.data.x_train[:n], self.data.y_train[:n], epochs=epochs,
+            batch_size=self.cfg.batch_size, lr=lr, seed=self.scenario.seed + self.index, device=self.device,
+            task=self.task))
 
     async def on_validation(self, judge: Callable[..., T]) -> T:
         """judge(model, x_val, y_val, device, task) run in a worker thread: a method's look at how models do

@@ -23,7 +23,7 @@ from p2pfed.learn.partition import PARTITIONS, PartitionOptions, Pathological
 from p2pfed.wire.messages import clip, is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
-ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/node/adversary.py
+ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/launch/adversary.py
 SCENARIO_TABLES = ("scenario", "data", "train", "mesh")
 # Where an option of a former shared table went, (table, key) -> every (method, its key in [methods.METHOD]):
 # declared by the methods (their options' ``moved``) and passed in by the launchers' loader, since this module
@@ -105,7 +105,7 @@ class Event:
 
 @dataclass
 class Adversary:
-    """A scripted adversary: node index poisons its data or models (p2pfed/node/adversary.py)."""
+    """A scripted adversary: node index poisons its data or models (p2pfed/launch/adversary.py)."""
 
     node: int = 0  # the index of the adversarial node
     kind: str = "label-flip"  # label-flip | noise-model | free-rider

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from p2pfed.launch.adversary import conduct_of
 from p2pfed.launch.runner import prepare_data
 from p2pfed.learn.checkpoint import CheckpointError, load_own
 from p2pfed.learn.tasks import Classification
@@ -162,7 +163,8 @@ def fedavg_node(out: Path, members: Callable[..., Endpoint], participation: floa
     path.write_text(text + (f'[[adversaries]]\nnode = 1\nkind = "{adversary}"\n' if adversary else ""))
     s = load_scenario(path)
     dataset, partition = prepare_data(s)
-    return LearningNode(s, 1, "fedavg-p2p", dataset, partition, members("n01", options=MeshOptions()), out)
+    return LearningNode(s, 1, "fedavg-p2p", dataset, partition, members("n01", options=MeshOptions()), out,
+                        conduct=conduct_of(s, 1))
 
 
 def heard(n: LearningNode, peer: str, rnd: int = 0) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from p2pfed.config import ConfigError
+from p2pfed.launch.adversary import KINDS, flip_labels, noise_like
 from p2pfed.launch.runner import run_scenario
-from p2pfed.node.adversary import flip_labels, noise_like
-from p2pfed.scenario.config import load_scenario
+from p2pfed.scenario.config import ADVERSARIES, load_scenario
 
 SCENARIO = """
 [scenario]
@@ -69,6 +69,10 @@ def test_a_noise_model_sinks_fedavg_not_pfedlia(tmp_path: Path) -> None:
     # place in their average (docs/security.md, "Adversaries in a scenario").
     assert lia["accuracy"] > fedavg["accuracy"] + 0.25, (lia, fedavg)
     assert isinstance(lia["adversaries"]["n01"]["excluded_by"], float)
+
+
+def test_every_kind_of_adversary_a_scenario_may_name_has_a_conduct() -> None:
+    assert set(KINDS) == set(ADVERSARIES)
 
 
 def test_what_the_adversaries_do() -> None:
