@@ -335,10 +335,10 @@ async def test_models_forged_in_a_members_name_are_refused_and_its_own_are_taken
     for rnd in range(9):  # the real n1's models of the same rounds: every one taken
         await honest.request("n00", model("n1", rnd, state), 5)
     assert sorted(r for (_, r) in node.inbox) == list(range(9))
-    assert all(torch.equal(node.inbox["model", 3]["n1"]["state"][k], v) for k, v in state.items())
+    assert all(torch.equal(node.inbox["model", 3]["n1"].state[k], v) for k, v in state.items())
     # n1's own second copy of a round is acknowledged (never a refusal), the first kept
     await honest.request("n00", model("n1", 3, forged), 5)
-    assert all(torch.equal(node.inbox["model", 3]["n1"]["state"][k], v) for k, v in state.items())
+    assert all(torch.equal(node.inbox["model", 3]["n1"].state[k], v) for k, v in state.items())
 
 
 async def test_unexpected_models_are_refused_and_the_inbox_stays_bounded(
