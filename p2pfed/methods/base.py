@@ -191,8 +191,8 @@ class Method:
         return False
 
     def takes_part(self, rnd: int, peer: str | None = None) -> bool:
-        """Whether peer (None: this node) trains and sends its model in round rnd: the scenario's participation
-        draw, which every node computes alike, unless every node must."""
+        """Whether peer (None: this node) trains in round rnd (and, by default, sends its model): the scenario's
+        participation draw, which every node computes alike, unless every node must."""
         return self.must_participate(rnd) or self.node.drawn(peer or self.node.name, rnd)
 
     def sends(self, rnd: int) -> bool:
@@ -202,7 +202,6 @@ class Method:
     def expected(self, rnd: int) -> set[str]:
         """The peers whose round models this node waits for in rnd: the sources that take part."""
         return {p for p in self.sources(rnd) if self.takes_part(rnd, p)}
-
 
     async def before_round(self, rnd: int) -> None:
         """Work before the round's training (e.g. pFedLIA's influence phase)."""
@@ -250,8 +249,7 @@ class Exchanging(Method):
     """A method whose nodes all exchange models every round, as decentralized SGD does: the scenario's
     participation draw decides only who trains (every method trains the same nodes in the same rounds), and a
     node drawn out of training still sends its model and takes its sources'. (Were it to sit the round out, it
-    would wait for nobody and run rounds ahead of its neighbours.) A source's model that does not come (a dead
-    or finished member) is not waited for past the deadline."""
+    would wait for nobody and run rounds ahead of its neighbours.) A dead or finished source is not waited for."""
 
     def sends(self, rnd: int) -> bool:
         return True
