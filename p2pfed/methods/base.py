@@ -274,11 +274,16 @@ class Mixing(Exchanging):
         return mixed(self.weights(rnd), own.state if own is not None else self.node.current_state(), arrived)
 
 
-def shared_rng(seed: int, *keys: object) -> np.random.Generator:
-    """A random generator every node seeds alike from the scenario's seed and keys (a node's name, a round): a
-    draw about anyone (whom a node contacts in a round) that every node computes the same, with no message."""
+def shared_number(seed: int, *keys: object) -> int:
+    """A 64-bit number every machine computes alike from the scenario's seed and keys (a node's name, a round):
+    the root of every draw about anyone (who trains in a round, whom a node contacts) made with no message."""
     digest = hashlib.blake2b("/".join(map(str, (seed, *keys))).encode(), digest_size=8).digest()
-    return np.random.default_rng(int.from_bytes(digest, "big"))
+    return int.from_bytes(digest, "big")
+
+
+def shared_rng(seed: int, *keys: object) -> np.random.Generator:
+    """A random generator every node seeds alike from the scenario's seed and keys (shared_number)."""
+    return np.random.default_rng(shared_number(seed, *keys))
 
 
 def mixed(weights: dict[str, float], own: dict[str, torch.Tensor], arrived: dict[str, ModelIn]

@@ -23,7 +23,6 @@ override only what differs.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -31,7 +30,7 @@ import torch
 from torch import nn
 
 from p2pfed.learn.train import Evaluation, weighted_average
-from p2pfed.methods.base import NodeContext
+from p2pfed.methods.base import NodeContext, shared_number
 from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.wire import WireError, check_tensors
 
@@ -109,8 +108,7 @@ def participates(seed: int, name: str, rnd: int, fraction: float) -> bool:
     """
     if fraction >= 1.0:
         return True
-    digest = hashlib.blake2b(f"{seed}/{name}/{rnd}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64 < fraction
+    return shared_number(seed, name, rnd) / 2**64 < fraction
 
 
 class ServerContext(Protocol):
