@@ -23,6 +23,7 @@ Where the paper is silent:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -58,9 +59,12 @@ class DPSGDOptions(MethodOptions):
                               f"({self.degree} × {scenario.nodes})")
 
 
-def topology(kind: str, members: list[str], seed: int, degree: int = 4) -> nx.Graph:
-    """The graph of kind over members (their order is their place in a ring or grid). A random d-regular graph
-    that cannot exist for this many members (d ≥ N, or d·N odd) falls back to d − 1, and to a ring below that."""
+@functools.lru_cache(maxsize=16)
+def topology(kind: str, members: tuple[str, ...], seed: int, degree: int = 4) -> nx.Graph:
+    """The graph of kind over members (their order is their place in a ring or grid), computed once for a
+    process's nodes and rounds alike (a node asks on every model it is sent); callers only read it. A random
+    d-regular graph that cannot exist for this many members (d ≥ N, or d·N odd) falls back to d − 1, and to a
+    ring below that."""
     n = len(members)
     if n < 3 or kind == "full":
         graph = nx.complete_graph(n)
@@ -94,7 +98,7 @@ class DPSGD(Mixing):
 
     def graph(self) -> nx.Graph:
         """The topology over the learning members this node knows of, in name order."""
-        return topology(self.options.topology, self.node.members(), self.node.seed, self.options.degree)
+        return topology(self.options.topology, tuple(self.node.members()), self.node.seed, self.options.degree)
 
     def sources(self, rnd: int) -> set[str]:
         return set(self.graph().neighbors(self.node.name))

@@ -19,7 +19,9 @@ Where the paper is silent:
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +44,7 @@ class EpidemicOptions(MethodOptions):
             raise ConfigError(f"{where}fanout must be >= 0 (0: log2 of the mesh's size; got {self.fanout})")
 
 
-def recipients(seed: int, sender: str, rnd: int, members: list[str], fanout: int) -> set[str]:
+def recipients(seed: int, sender: str, rnd: int, members: Sequence[str], fanout: int) -> set[str]:
     """The s members sender sends its model to in round rnd (all others when there are fewer): a draw every
     node computes alike."""
     others = [m for m in members if m != sender]
@@ -53,6 +55,13 @@ def recipients(seed: int, sender: str, rnd: int, members: list[str], fanout: int
     return {others[int(i)] for i in picks}
 
 
+@functools.lru_cache(maxsize=64)
+def draws(seed: int, rnd: int, members: tuple[str, ...], fanout: int) -> dict[str, frozenset[str]]:
+    """Every member's recipients in round rnd, drawn once for a process's nodes alike (a node asks on every
+    model it is sent); callers only read it."""
+    return {m: frozenset(recipients(seed, m, rnd, members, fanout)) for m in members}
+
+
 class Epidemic(Exchanging):
     """Train, send to s random members, average what came with the own model, equally weighted."""
 
@@ -60,14 +69,15 @@ class Epidemic(Exchanging):
     options_type = EpidemicOptions
     options: EpidemicOptions
 
+    def _draws(self, rnd: int) -> dict[str, frozenset[str]]:
+        return draws(self.node.seed, rnd, tuple(self.node.members()), self.options.fanout)
+
     def subscribers(self, rnd: int) -> set[str]:
-        drawn = recipients(self.node.seed, self.node.name, rnd, self.node.members(), self.options.fanout)
-        return drawn & set(self.node.live_peers())  # a model drawn for a dead or finished member is not sent
+        # a model drawn for a dead or finished member is not sent
+        return set(self._draws(rnd)[self.node.name] & set(self.node.live_peers()))
 
     def sources(self, rnd: int) -> set[str]:
-        members = self.node.members()
-        return {m for m in members if m != self.node.name
-                and self.node.name in recipients(self.node.seed, m, rnd, members, self.options.fanout)}
+        return {m for m, sent in self._draws(rnd).items() if self.node.name in sent}
 
     def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
         if not arrived:

@@ -19,13 +19,16 @@ the same round, so a node may be picked by several):
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import networkx as nx
 
 from p2pfed.methods.base import Mixing, shared_rng
 from p2pfed.methods.dpsgd import metropolis_hastings
 
 
-def partner(seed: int, node: str, rnd: int, members: list[str]) -> str | None:
+def partner(seed: int, node: str, rnd: int, members: Sequence[str]) -> str | None:
     """The member node picks in round rnd (None if it is alone): a draw every node computes alike."""
     others = [m for m in members if m != node]
     if not others:
@@ -33,8 +36,10 @@ def partner(seed: int, node: str, rnd: int, members: list[str]) -> str | None:
     return others[int(shared_rng(seed, "gossip", node, rnd).integers(len(others)))]
 
 
-def contacts(seed: int, rnd: int, members: list[str]) -> nx.Graph:
-    """The round's contact graph: an edge from every member to the partner it picked."""
+@functools.lru_cache(maxsize=64)
+def contacts(seed: int, rnd: int, members: tuple[str, ...]) -> nx.Graph:
+    """The round's contact graph: an edge from every member to the partner it picked (drawn once for a process's
+    nodes alike: a node asks on every model it is sent); callers only read it."""
     graph = nx.Graph()
     graph.add_nodes_from(members)
     for node in members:
@@ -51,7 +56,7 @@ class Gossip(Mixing):
 
     def graph(self, rnd: int) -> nx.Graph:
         """The round's contacts among the learning members this node knows of."""
-        return contacts(self.node.seed, rnd, self.node.members())
+        return contacts(self.node.seed, rnd, tuple(self.node.members()))
 
     def sources(self, rnd: int) -> set[str]:
         return set(self.graph(rnd).neighbors(self.node.name))

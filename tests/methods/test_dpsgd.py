@@ -14,7 +14,7 @@ from p2pfed.methods import load_checked
 from p2pfed.methods.dpsgd import DPSGD, DPSGDOptions, metropolis_hastings, topology
 from tests.methods.fake import FakePeers, models
 
-NAMES = [f"n{i:02d}" for i in range(12)]
+NAMES = tuple(f"n{i:02d}" for i in range(12))
 
 
 @pytest.mark.parametrize(("kind", "n", "degree"), [("ring", 8, 2), ("torus", 12, 4), ("regular", 10, 4),
@@ -23,12 +23,13 @@ def test_every_topology_gives_every_member_its_degree(kind: str, n: int, degree:
     # (a 3-regular graph of 7 cannot exist: d·N odd, so d − 1 = 2, a ring; a prime N's torus is a ring)
     graph = topology(kind, NAMES[:n], seed=3, degree=4 if kind == "regular" and n == 10 else 3)
     assert len(graph.edges) == n * degree // 2
-    assert sorted(graph.nodes) == NAMES[:n] and nx.is_connected(graph)
+    assert tuple(sorted(graph.nodes)) == NAMES[:n] and nx.is_connected(graph)
     assert {d for _, d in graph.degree} == {degree}
 
 
 def test_the_random_regular_graph_is_the_same_on_every_node_and_changes_with_the_seed() -> None:
-    edges = {seed: sorted(map(sorted, topology("regular", NAMES, seed=seed).edges)) for seed in (0, 0, 1)}
+    edges = {seed: sorted(map(sorted, topology("regular", NAMES, seed=seed).edges)) for seed in (0, 1)}
+    topology.cache_clear()  # drawn again, as another process would
     assert edges[0] == sorted(map(sorted, topology("regular", NAMES, seed=0).edges)) and edges[0] != edges[1]
 
 

@@ -33,8 +33,8 @@ def test_a_pair_averages_half_and_half_and_the_end_of_a_path_a_third() -> None:
     pair = FakePeers("a", ["b"], own=2.0)
     mixed = Gossip(pair).aggregate(0, pair.mine(), models(b=6.0))  # type: ignore[arg-type]
     assert mixed is not None and mixed["w"].item() == pytest.approx(4.0)
-    rnd = next(r for r in range(50) if len(contacts(0, r, ["a", "b", "c"]).edges) == 2)  # a path: one end has one
-    graph = contacts(0, rnd, ["a", "b", "c"])
+    rnd = next(r for r in range(50) if len(contacts(0, r, ("a", "b", "c")).edges) == 2)  # a path: one end has one
+    graph = contacts(0, rnd, ("a", "b", "c"))
     end = next(n for n in graph.nodes if graph.degree[n] == 1)
     other = next(iter(graph.neighbors(end)))
     node = FakePeers(end, ["a", "b", "c"], own=2.0)

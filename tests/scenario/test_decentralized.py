@@ -53,7 +53,7 @@ def test_each_round_brings_each_node_the_models_its_methods_draw_names(tmp_path:
         if method == "dpsgd":
             return 2
         if method == "gossip":
-            return contacts(4, rnd, names).degree[node]
+            return contacts(4, rnd, tuple(names)).degree[node]
         return sum(node in recipients(4, sender, rnd, names, 2) for sender in names if sender != node)
 
     summary = json.loads((out / "summary.json").read_text())["methods"]
