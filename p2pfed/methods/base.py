@@ -209,7 +209,7 @@ class Method:
     async def train(self, rnd: int) -> float | None:
         """This node's local training in a round it takes part in; return the training loss (None: it did not
         train). Default: the scenario's local SGD on the node's data, from its current model."""
-        return (await self.node.train_local(None))[1]
+        return await self.node.fit(self.node.own)
 
     def outgoing(self, rnd: int) -> dict[str, torch.Tensor]:
         """The model this node sends its subscribers after training in round rnd. Default: its current model."""

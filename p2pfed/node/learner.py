@@ -345,7 +345,7 @@ class LearningNode(LocalNode):
         took_part = self.method.takes_part(rnd)
         if took_part:  # (through its conduct: a scripted member may train nothing)
             train_loss = await self.conduct.train(lambda: self.method.train(rnd))
-        sent = took_part or self.method.sends(rnd)
+        sent = self.method.sends(rnd)
         if sent:
             await self.send_model(self.method.subscribers(rnd), "model", self.method.outgoing(rnd))
         expected = self.method.expected(rnd)

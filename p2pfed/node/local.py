@@ -102,7 +102,6 @@ class LocalNode:
         self.name = name or scenario.node_name(index)
         self.endpoint = endpoint
         self.method_name = method
-        self._round = 0
         self.seed = scenario.seed
         self.cfg = scenario.train
         self.device = pick_device(self.cfg.device)
@@ -124,12 +123,12 @@ class LocalNode:
     @property
     def round(self) -> int:
         """The round this node is in: what its records carry and what its endpoint advertises to its peers
-        (set here, in one place, for both)."""
-        return self._round
+        (kept once, by the endpoint)."""
+        return self.endpoint.round
 
     @round.setter
     def round(self, rnd: int) -> None:
-        self._round = self.endpoint.round = rnd
+        self.endpoint.round = rnd
 
     def current_state(self) -> dict[str, torch.Tensor]:
         """A snapshot of the node's model."""
