@@ -46,6 +46,8 @@ def test_a_node_mixes_its_ring_neighbours_a_missing_ones_weight_stays_with_its_o
     node = FakePeers("b", ["a", "c", "d"], own=3.0)
     method = DPSGD(node, DPSGDOptions(topology="ring"))  # type: ignore[arg-type]
     assert method.sources(0) == method.subscribers(0) == method.expected(0) == {"a", "c"}
+    assert method.accepts("model", "a", 0) and not method.accepts("model", "d", 0)  # not a neighbour: refused
+    assert not method.accepts("partial", "a", 0)  # nor a kind it does not take
     mixed = method.aggregate(0, node.mine(), models(a=0.0, c=6.0))
     assert mixed is not None and mixed["w"].item() == pytest.approx(3.0)  # (0 + 3 + 6) / 3
     alone = method.aggregate(0, node.mine(), models(a=0.0))
