@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from p2pfed.net.transport import DeliveryError
 from p2pfed.report.records import append_record
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError
+from p2pfed.wire.messages import clip
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,7 @@ class Coordinator:
         async def one(node: str) -> tuple[str, Any]:
             task = tasks[node]
             body = {"kind": task.kind, "method": self.method_name, "groups": task.groups, "names": task.names,
-                    "meta": {**task.meta, "shared": task.shared}}
+                    "shared": task.shared, "meta": task.instructions.wire()}
             msg = self.endpoint.message("task", body, pack(task.models, task.aux))
             try:
                 # The request fails at once if the mesh declares the node dead or gone meanwhile.
@@ -134,10 +136,12 @@ class Coordinator:
                 raise WireError(f"expected an update, got {reply.type} {reply.body.get('kind', '')}")
             states = unpack(reply.tensors, self.initial)
             meta = reply.body["meta"]
-            choice = meta.get("choice", 0)
+            choice, loss = meta.get("choice", 0), meta.get("train_loss")
             if not isinstance(choice, int) or not 0 <= choice < max(1, len(task.candidates)):
-                raise WireError(f"choice {choice!r} is not one of the {len(task.candidates)} candidates")
-            return Update(states[0] if states else None, reply.body["samples"], meta, states[1:], aux_of(reply.tensors))
+                raise WireError(f"choice {clip(choice, 40)} is not one of the {len(task.candidates)} candidates")
+            return Update(states[0] if states else None, reply.body["samples"], choice,
+                          float(loss) if isinstance(loss, (int, float)) else math.nan, states[1:],
+                          aux_of(reply.tensors))
         if task.kind == "note":
             values = reply.body.get("values", [])
             if (reply.type != "note" or reply.body["kind"] != "answer" or reply.body["names"] != task.names
@@ -181,7 +185,7 @@ class Coordinator:
         updates: dict[str, Update] = {}
         for node, up in replies.items():
             if tasks[node].groups:
-                self.method.place(node, tasks[node].groups[up.meta.get("choice", 0)])
+                self.method.place(node, tasks[node].groups[up.choice])
             updates[node] = up
         self.method.aggregate(rnd, updates)
         if (rnd + 1) % self.cfg.eval_every == 0:
@@ -200,8 +204,8 @@ class Coordinator:
         tasks = {}
         for n in nodes:
             task = self.method.eval_task(n)
-            meta = {**task.meta, "validate": 1} if served is not None else task.meta
-            tasks[n] = Task(kind, task.models, meta, task.groups, task.names, task.shared, task.aux)
+            how = replace(task.instructions, validate=True) if served is not None else task.instructions
+            tasks[n] = Task(kind, task.models, how, task.groups, task.names, task.shared, task.aux)
         answers = await self.ask(nodes, tasks, timeout)
         accuracies, validated = [], []
         for node, meta in answers.items():

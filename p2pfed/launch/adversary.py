@@ -70,8 +70,8 @@ class NoiseModel(Conduct):
         update, choice = await client.train(task)
         if update.state is None:
             return update, choice
-        return Update(self.outgoing(update.state, node.round_seed), update.samples, update.meta,
-                      [self.outgoing(m, node.round_seed + 1) for m in update.extra], update.aux), choice
+        return dataclasses.replace(update, state=self.outgoing(update.state, node.round_seed),
+                                   extra=[self.outgoing(m, node.round_seed + 1) for m in update.extra]), choice
 
 
 class FreeRider(Conduct):
@@ -92,7 +92,7 @@ class FreeRider(Conduct):
             return update, choice
         given = client.given_back(task, choice, before)  # each model back as it came
         node.load_state(before)  # and it keeps nothing of the training it pretends to have done
-        return Update(given[0], update.samples, update.meta, given[1:], update.aux), choice
+        return dataclasses.replace(update, state=given[0], extra=given[1:]), choice
 
 
 KINDS: dict[str, type[Conduct]] = {"label-flip": LabelFlip, "noise-model": NoiseModel, "free-rider": FreeRider}

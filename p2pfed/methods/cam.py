@@ -29,7 +29,7 @@ proportion to their share of the round's data, and stays put if none of its memb
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -40,6 +40,7 @@ from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.methods.central import (
     ClientMethod,
+    Instructions,
     ServerMethod,
     Task,
     Update,
@@ -92,7 +93,7 @@ class CAMClient(ClientMethod):
         global_state = task.models[0]
         choice = await self._choose(task)
         start = task.candidates[choice]
-        coef = float(task.meta.get("penalty", 0.0))
+        coef = task.instructions.penalty
         cluster_side = self._additive(global_state, start, train="f")  # θ_i, Eq. 5 / 13
         anchor = {k: v.detach().clone() for k, v in start.items()}
 
@@ -107,7 +108,7 @@ class CAMClient(ClientMethod):
         await self.node.fit(global_side)
         theta = {k: v.detach().to("cpu", copy=True) for k, v in cluster_side.f.state_dict().items()}
         theta0 = {k: v.detach().to("cpu", copy=True) for k, v in global_side.h.state_dict().items()}
-        return Update(theta, 0, {"choice": choice, "train_loss": loss}, [theta0]), choice
+        return Update(theta, choice=choice, train_loss=loss, extra=[theta0]), choice
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
         if task.shared != 1:
@@ -168,7 +169,7 @@ class CAMServer(ServerMethod):
         if not self.joint:
             return Task(kind, [self.global_model])
         task = super()._task(kind, node)
-        return Task(kind, [self.global_model, *task.models], task.meta, task.groups, shared=1)
+        return Task(kind, [self.global_model, *task.models], task.instructions, task.groups, shared=1)
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
         ups = {n: u for n, u in updates.items() if u.state is not None}
@@ -255,7 +256,7 @@ class FeSEMCAMServer(CAMServer):
         if self.joint or not live:
             return
         epochs = self.options.warmup
-        tasks = {n: Task("train", [self.ctx.initial], {"epochs": epochs}) for n in live}
+        tasks = {n: Task("train", [self.ctx.initial], Instructions(epochs=epochs)) for n in live}
         replies = await self.ctx.ask(live, tasks)
         ups = {n: u for n, u in replies.items() if isinstance(u, Update) and u.state is not None}
         if len(ups) < self.k:
@@ -276,7 +277,8 @@ class FeSEMCAMServer(CAMServer):
     def _task(self, kind: str, node: str) -> Task:
         task = super()._task(kind, node)
         if self.joint:
-            task.meta["penalty"] = self.options.penalty  # Eq. 12: λ/2·||θ_i − Θ_c(i)||²
+            # Eq. 12: λ/2·||θ_i − Θ_c(i)||²
+            task.instructions = replace(task.instructions, penalty=self.options.penalty)
         return task
 
     def update_clusters(self, rnd: int, updates: dict[str, Update]) -> None:

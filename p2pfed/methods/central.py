@@ -23,8 +23,9 @@ override only what differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+import math
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar
 
 import torch
 from torch import nn
@@ -33,11 +34,40 @@ from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.methods.base import NodeContext, shared_number
 from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.wire import WireError, check_tensors
+from p2pfed.wire.messages import Int, Num, Opt, SchemaError, check_value
 
 if TYPE_CHECKING:
     from p2pfed.scenario.config import Scenario
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Instructions:
+    """How a node carries out a task, typed. The fields travel as the task's meta map; the node reads them back
+    with its method's type (``ClientMethod.instructions``), which refuses a key it does not know and a value
+    outside its field's bounds (``SPEC``: a wire spec per field, every field has one). A method that needs more
+    subclasses it (FedFM's feature matching, FedDSMIC's MAML steps)."""
+
+    penalty: float = 0.0  # coef/2·||w − start||² added to the local loss (FedProx's μ, FeSEM's 2λ, CAM's λ)
+    epochs: int = 0  # local epochs of this task; 0: the round's (a method's warm-up may ask for more)
+    validate: bool = False  # eval: the model's accuracy on the node's validation split too (val_accuracy)
+
+    SPEC: ClassVar[dict[str, Any]] = {"penalty": Num(0.0, 1e6), "epochs": Int(0, 10_000), "validate": bool}
+
+    def wire(self) -> dict[str, Any]:
+        """The fields that differ from their defaults: the task's meta map."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    @classmethod
+    def read(cls, meta: dict[str, Any]) -> Self:
+        """The instructions a task's meta map carries; WireError for an unknown key or a value out of bounds."""
+        try:
+            check_value(meta, {key: Opt(spec) for key, spec in cls.SPEC.items()}, "task.meta")
+        except SchemaError as exc:
+            raise WireError(str(exc)) from None
+        values: dict[str, Any] = {k: float(v) if isinstance(cls.SPEC[k], Num) else v for k, v in meta.items()}
+        return cls(**values)
 
 
 @dataclass
@@ -46,7 +76,7 @@ class Task:
 
     kind: str  # train | eval | finish | compute (a method's own step, tensors back) | note (a number per name)
     models: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    instructions: Instructions = field(default_factory=Instructions)
     groups: list[int] = field(default_factory=list)  # the group of each candidate model
     names: list[str] = field(default_factory=list)  # note tasks: what the numbers are for (e.g. the node of each model)
     shared: int = 0  # how many leading models are not candidates but shared by all (CAM's global model)
@@ -60,11 +90,12 @@ class Task:
 
 @dataclass
 class Update:
-    """A node's answer to a train task."""
+    """A node's answer to a train (or compute) task."""
 
     state: dict[str, torch.Tensor] | None  # None: the node keeps its model (local-only)
-    samples: int
-    meta: dict[str, Any]  # choice: index of the candidate it trained; train_loss
+    samples: int = 0  # the node's training samples (the node fills them in as it answers)
+    choice: int = 0  # the index of the candidate it trained
+    train_loss: float = math.nan  # its mean training loss (nan: it trained nothing, or did not say)
     extra: list[dict[str, torch.Tensor]] = field(default_factory=list)  # more models (CAM: the global part)
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors that are not models (prototypes)
 
@@ -232,10 +263,12 @@ class ServerMethod:
 class ClientMethod:
     """Node side of a coordinated method: what a node does with a train task.
 
-    The base takes the best-fitting candidate, trains it, and returns it; a ``penalty`` in the task's meta
-    adds coef/2·||w − start||² to the loss (FedProx's μ, FeSEM's 2λ). With no candidate the node trains
-    its own model and sends nothing back (local-only).
+    The base takes the best-fitting candidate, trains it, and returns it; the instructions' ``penalty`` adds
+    coef/2·||w − start||² to the loss (FedProx's μ, FeSEM's 2λ). With no candidate the node trains its own
+    model and sends nothing back (local-only).
     """
+
+    instructions: ClassVar[type[Instructions]] = Instructions  # what its tasks' meta maps are read as
 
     def __init__(self, node: NodeContext, options: Any = None) -> None:
         self.node = node
@@ -245,11 +278,9 @@ class ClientMethod:
         """Answer a train task: the update and the index of the candidate trained."""
         choice = await self.node.pick(task.candidates) if len(task.candidates) > 1 else 0
         start = task.candidates[choice] if task.candidates else None
-        epochs = task.meta.get("epochs")  # a method's warm-up may ask for more local epochs than a round's
-        state, loss = await self.node.train_local(start, float(task.meta.get("penalty", 0.0)),
-                                                  epochs if isinstance(epochs, int) and epochs > 0 else None)
-        meta = {"choice": choice, "train_loss": loss}
-        return Update(state if task.candidates else None, 0, meta), choice
+        how = task.instructions
+        state, loss = await self.node.train_local(start, how.penalty, how.epochs or None)
+        return Update(state if task.candidates else None, choice=choice, train_loss=loss), choice
 
     async def compute(self, task: Task) -> Update:
         """Answer a compute task: a method's own step that trains nothing (FedFM's local anchors)."""

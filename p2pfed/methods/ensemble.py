@@ -79,14 +79,14 @@ class EnsembleClient(ClientMethod):
 
     async def train(self, task: Task) -> tuple[Update, int]:
         members = members_of(task, "ensemble")
-        coef = float(task.meta.get("penalty", 0.0))  # FedProx+'s μ, to the member's own start
+        coef = task.instructions.penalty  # FedProx+'s μ, to the member's own start
         trained, losses = [], []
         for start in members:
             model = self.node.new_model(start)
             losses.append(await self.node.fit(model, distance_penalty(start, coef, self.node.device) if coef else None))
             trained.append(state_of(model))
         loss = sum(losses) / len(losses)
-        return Update(trained[0], 0, {"choice": 0, "train_loss": loss}, extra=trained[1:]), 0
+        return Update(trained[0], train_loss=loss, extra=trained[1:]), 0
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
         members = members_of(task, "ensemble")

@@ -52,9 +52,10 @@ from torch.nn import functional as F
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, maml_first_order, personalise, state_of, weighted_average
-from p2pfed.methods.central import ClientMethod, ServerMethod, Task, Update, kmeans_groups
+from p2pfed.methods.central import ClientMethod, Instructions, ServerMethod, Task, Update, kmeans_groups
 from p2pfed.methods.options import ClusteredOptions
 from p2pfed.scenario.config import Scenario
+from p2pfed.wire.messages import Int
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,28 @@ def kl_to_centers(node_probs: torch.Tensor, center_probs: torch.Tensor) -> torch
     return (p * (p.log() - q.log())).sum(dim=(-1, -2))
 
 
+@dataclass(frozen=True)
+class MAMLInstructions(Instructions):
+    """FedDSMIC's tasks: train with first-order MAML, and personalisation steps before an evaluation."""
+
+    maml: bool = False
+    personalise: int = 0  # eval: SGD steps on the node's training data before testing
+
+    SPEC: ClassVar[dict[str, Any]] = {**Instructions.SPEC, "maml": bool, "personalise": Int(0, 1000)}
+
+
 class FedDSMICClient(ClientMethod):
     """First-order MAML local steps; evaluation after one personalisation step (η: the options' inner_lr)."""
 
     options: FedDSMICOptions
+    instructions = MAMLInstructions
+
+    def _how(self, task: Task) -> MAMLInstructions:
+        assert isinstance(task.instructions, MAMLInstructions)  # the node read them with this class's type
+        return task.instructions
 
     async def train(self, task: Task) -> tuple[Update, int]:
-        if not task.meta.get("maml") or not task.candidates or len(task.candidates) > 1:
+        if not self._how(task).maml or not task.candidates or len(task.candidates) > 1:
             return await super().train(task)
         model = self.node.new_model(task.candidates[0])
         cfg = self.node.cfg
@@ -81,10 +97,10 @@ class FedDSMICClient(ClientMethod):
             model, x, y, epochs=cfg.epochs, batch_size=cfg.batch_size, inner_lr=self.options.inner_lr, outer_lr=cfg.lr,
             seed=self.node.round_seed, device=self.node.device, task=self.node.task, steps=cfg.steps,
             momentum=cfg.momentum))
-        return Update(state_of(model), 0, {"choice": 0, "train_loss": loss}), 0
+        return Update(state_of(model), train_loss=loss), 0
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
-        steps = int(task.meta.get("personalise", 0))
+        steps = self._how(task).personalise
         if not steps or len(task.candidates) != 1:
             return await super().evaluate(task)
         model = self.node.new_model(task.candidates[0])
@@ -188,15 +204,15 @@ class FedDSMICServer(ServerMethod):
 
     def _first(self, node: str) -> Task:
         """A node's first local training, from the shared initial model."""
-        return Task("train", [self.ctx.initial], {"maml": self.maml})
+        return Task("train", [self.ctx.initial], MAMLInstructions(maml=self.maml))
 
     def train_task(self, rnd: int, node: str) -> Task:
         if node in self.newcomers:
-            return Task("train", [self.ctx.initial], {"epochs": self.options.warmup})
+            return Task("train", [self.ctx.initial], MAMLInstructions(epochs=self.options.warmup))
         if self.options.init == "random" and node not in self.groups:  # not yet placed: it trains its w_i^0
             return self._first(node)
         task = super().train_task(rnd, node)
-        task.meta["maml"] = self.maml
+        task.instructions = MAMLInstructions(maml=self.maml)
         return task
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
@@ -223,7 +239,7 @@ class FedDSMICServer(ServerMethod):
     def eval_task(self, node: str) -> Task:
         task = super().eval_task(node)
         if self.maml and len(task.candidates) == 1:
-            task.meta["personalise"] = 1
+            task.instructions = MAMLInstructions(personalise=1)
         return task
 
     def state(self) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:

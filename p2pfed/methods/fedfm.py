@@ -36,7 +36,7 @@ Options, ``[methods.fedfm]`` and ``[methods.fedfm-l2]``: ``lam``, ``start``, ``t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -47,10 +47,11 @@ from p2pfed.config import ConfigError
 from p2pfed.learn.models import features_and_logits
 from p2pfed.learn.train import Evaluation, distance_penalty, state_of, weighted_average
 from p2pfed.methods.baselines import FedAvgServer
-from p2pfed.methods.central import ClientMethod, Task, Update
+from p2pfed.methods.central import ClientMethod, Instructions, Task, Update
 from p2pfed.methods.class_tables import class_mean, class_prototypes, global_table, head_classes, local_table
 from p2pfed.methods.options import MethodOptions
 from p2pfed.wire import WireError
+from p2pfed.wire.messages import OneOf
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,31 @@ def matching_loss(feats: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, h
     return F.cross_entropy(logits, y[known])
 
 
+@dataclass(frozen=True)
+class FMInstructions(Instructions):
+    """FedFM's tasks: whether the matching loss is on, which one, and the Lite form's steps. (The anchor tables
+    have a row per class of the node's own model: the coordinator need not say how many.)"""
+
+    matching: bool = False  # train with the feature matching loss (rounds from T_s on)
+    loss: str = "cg"  # cg (contrastive guiding) | l2
+    lite: bool = False  # FedFM-Lite: anchors of the trained model in the same answer
+    send_model: bool = True  # the trained model travels back (FedFM-Lite: every a rounds)
+    keep_own: bool = False  # eval: test the global model and keep the model the node is training
+
+    SPEC: ClassVar[dict[str, Any]] = {**Instructions.SPEC, "matching": bool, "loss": OneOf(("cg", "l2")), "lite": bool,
+                                      "send_model": bool, "keep_own": bool}
+
+
 class FedFMClient(ClientMethod):
     """Local anchors (compute tasks) and training with the matching loss (λ and α: the options'); a ``penalty``
-    in the task's meta adds coef/2·||w − w_global||², as the base node side does (FedProx + FM)."""
+    adds coef/2·||w − w_global||², as the base node side does (FedProx + FM)."""
 
     options: FedFMOptions
+    instructions = FMInstructions
 
-    def _classes(self, task: Task) -> int:
-        return int(task.meta.get("classes", 0))
+    def _how(self, task: Task) -> FMInstructions:
+        assert isinstance(task.instructions, FMInstructions)  # the node read them with this class's type
+        return task.instructions
 
     async def compute(self, task: Task) -> Update:
         if len(task.candidates) != 1:
@@ -91,17 +109,18 @@ class FedFMClient(ClientMethod):
         model = self.node.own  # the node keeps the global model: the round's train task then sends none
         model.load_state_dict(task.candidates[0])
         anchors, counts = await self.node.run_on_train(
-            lambda x, y: class_prototypes(model, x, y, self._classes(task), normalize=True))
-        return Update(None, 0, {"choice": 0}, aux={"anchors": anchors, "counts": counts})
+            lambda x, y: class_prototypes(model, x, y, head_classes(model.state_dict()), normalize=True))
+        return Update(None, aux={"anchors": anchors, "counts": counts})
 
     async def train(self, task: Task) -> tuple[Update, int]:
-        if not task.meta.get("fm"):
+        how = self._how(task)
+        if not how.matching:
             return await super().train(task)
         model = self.node.own
         if task.candidates:
             model.load_state_dict(task.candidates[0])
         anchors, have = global_table(task.aux, "anchors") or (None, None)
-        lam, kind, temperature = self.options.lam, str(task.meta.get("loss", "cg")), self.options.temperature
+        lam, kind, temperature = self.options.lam, how.loss, self.options.temperature
 
         def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             feats, logits = features_and_logits(m, x)
@@ -111,19 +130,19 @@ class FedFMClient(ClientMethod):
             return loss + lam * matching_loss(feats, y, anchors.to(feats.device), have.to(y.device), kind,
                                               temperature)
 
-        coef = float(task.meta.get("penalty", 0.0))  # to the global model, sent now or kept from the anchor step
+        coef = how.penalty  # to the global model, sent now or kept from the anchor step
         penalty = distance_penalty(state_of(model), coef, self.node.device) if coef else None
         loss = await self.node.fit(model, penalty, loss_fn=loss_fn)
         aux: dict[str, torch.Tensor] = {}
-        if task.meta.get("lite"):  # FedFM-Lite: anchors of the trained model, in the same exchange
+        if how.lite:  # FedFM-Lite: anchors of the trained model, in the same exchange
             mine, counts = await self.node.run_on_train(
-                lambda x, y: class_prototypes(model, x, y, self._classes(task), normalize=True))
+                lambda x, y: class_prototypes(model, x, y, head_classes(model.state_dict()), normalize=True))
             aux = {"anchors": mine, "counts": counts}
-        state = state_of(model) if task.meta.get("send_model", 1) else None
-        return Update(state, 0, {"choice": 0, "train_loss": loss}, aux=aux), 0
+        state = state_of(model) if how.send_model else None
+        return Update(state, train_loss=loss, aux=aux), 0
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
-        if not task.meta.get("keep_own") or len(task.candidates) != 1:
+        if not self._how(task).keep_own or len(task.candidates) != 1:
             return await super().evaluate(task)
         # FedFM-Lite: the global model is tested, and the model the node is training stays its own
         return await self.node.test(self.node.new_model(task.candidates[0])), 0
@@ -189,7 +208,7 @@ class FedFMServer(FedAvgServer):
         if self.lite or not self.matching(rnd):
             return
         nodes = self.participants(rnd, live)  # step 1: this round's participants compute local anchors
-        task = Task("compute", [self.global_model], {"classes": self.num_classes})
+        task = Task("compute", [self.global_model], FMInstructions())
         replies = await self.ctx.ask(nodes, {n: task for n in nodes})
         self.aggregate_anchors({n: u for n, u in replies.items() if isinstance(u, Update)})
         self.holding = {n for n, u in replies.items() if isinstance(u, Update)}  # they hold the global model
@@ -206,8 +225,8 @@ class FedFMServer(FedAvgServer):
         if rows:
             self.anchors, self.have = class_mean(rows, uniform=self.options.uniform)
 
-    def _meta(self) -> dict[str, Any]:
-        return {"fm": 1, "loss": self.loss, "classes": self.num_classes, "lite": int(self.lite)}
+    def _how(self) -> FMInstructions:
+        return FMInstructions(matching=True, loss=self.loss, lite=self.lite)
 
     def _aux(self) -> dict[str, torch.Tensor]:
         if self.anchors is None or self.have is None:
@@ -219,7 +238,7 @@ class FedFMServer(FedAvgServer):
             return Task("train", [self.global_model])
         # A node that computed its anchors on the global model this round still holds it: no second copy.
         models = [] if node in self.holding else [self.global_model]
-        return Task("train", models, self._meta(), aux=self._aux())
+        return Task("train", models, self._how(), aux=self._aux())
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
         models = {n: u for n, u in updates.items() if u.state is not None}
@@ -279,9 +298,9 @@ class FedFMLiteServer(FedFMServer):
         if not self.matching(rnd):
             return Task("train", [self.global_model])
         model_round = (rnd - self.options.start) % self.options.every == 0
-        meta = {**self._meta(), "send_model": int(model_round)}
+        how = replace(self._how(), send_model=model_round)
         fresh = self.held.get(node, -1) < self.version  # the node has not trained from this global model yet
-        return Task("train", [self.global_model] if fresh else [], meta, aux=self._aux())
+        return Task("train", [self.global_model] if fresh else [], how, aux=self._aux())
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
         for node in updates:  # its answer shows the task, and the model in it, arrived
@@ -298,7 +317,7 @@ class FedFMLiteServer(FedFMServer):
         return {**data, "version": self.version, "held": self.held}, models
 
     def eval_task(self, node: str) -> Task:
-        return Task("eval", [self.global_model], {"keep_own": 1})
+        return Task("eval", [self.global_model], FMInstructions(keep_own=True))
 
     def restore(self, data: dict[str, Any], models: dict[str, dict[str, torch.Tensor]]) -> None:
         super().restore(data, models)

@@ -55,7 +55,7 @@ class FedFomoClient(ClientMethod):
                                 moved[k] += float(weights[j]) * (theirs[k].float() - mine[k].float())
                 own.load_state_dict({k: v.to(mine[k].dtype) for k, v in moved.items()})
         loss = await self.node.fit(own)
-        return Update(state_of(own), 0, {"choice": 0, "train_loss": loss}, aux={"weights": weights}), 0
+        return Update(state_of(own), train_loss=loss, aux={"weights": weights}), 0
 
     def given_back(self, task: Task, choice: int, before: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         return [before]  # its update is its own model; the task's models are its peers'

@@ -64,9 +64,9 @@ class FedProtoClient(ClientMethod):
             return loss
 
         loss = await self.node.fit(model, loss_fn=loss_fn)
-        num_classes = int(task.meta.get("classes", 0))
+        num_classes = head_classes(model.state_dict())  # a row per class of its model, as the coordinator's
         mine, counts = await self.node.run_on_train(lambda x, y: class_prototypes(model, x, y, num_classes))
-        return Update(None, 0, {"choice": 0, "train_loss": loss}, aux={"protos": mine, "counts": counts}), 0
+        return Update(None, train_loss=loss, aux={"protos": mine, "counts": counts}), 0
 
 
 class FedProtoServer(ServerMethod):
@@ -86,11 +86,10 @@ class FedProtoServer(ServerMethod):
         self.groups[node] = -1  # no groups: every node keeps its own model
 
     def train_task(self, rnd: int, node: str) -> Task:
-        meta = {"classes": self.num_classes}
         if not self.protos:
-            return Task("train", meta=meta)
+            return Task("train")
         protos, have = self.global_prototypes()
-        return Task("train", meta=meta, aux={"protos": protos, "have": have.to(torch.uint8)})
+        return Task("train", aux={"protos": protos, "have": have.to(torch.uint8)})
 
     def global_prototypes(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per class, the count-weighted mean of the nodes' prototypes, and whether any node has the class."""

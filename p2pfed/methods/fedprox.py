@@ -4,7 +4,7 @@ which keeps heterogeneous clients near the global model. Server side it is FedAv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from p2pfed.config import ConfigError
@@ -34,5 +34,5 @@ class FedProxServer(FedAvgServer):
 
     def train_task(self, rnd: int, node: str) -> Task:
         task = super().train_task(rnd, node)
-        task.meta["penalty"] = self.options.mu
+        task.instructions = replace(task.instructions, penalty=self.options.mu)
         return task

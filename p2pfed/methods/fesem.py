@@ -26,7 +26,7 @@ Choices where the paper leaves room, and why:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -113,7 +113,8 @@ class FeSEMServer(ServerMethod):
 
     def train_task(self, rnd: int, node: str) -> Task:
         task = super().train_task(rnd, node)
-        task.meta["penalty"] = 2.0 * self.options.penalty  # coef/2·||·||² = λ·||W_i − W̃_k||²
+        # coef/2·||·||² = λ·||W_i − W̃_k||²
+        task.instructions = replace(task.instructions, penalty=2.0 * self.options.penalty)
         return task
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:

@@ -54,7 +54,7 @@ class PerFedAvgClient(ClientMethod):
             model, x, y, epochs=cfg.epochs, batch_size=cfg.batch_size, inner_lr=self.options.inner_lr,
             outer_lr=cfg.lr, seed=self.node.round_seed, device=self.node.device, task=self.node.task,
             independent=True, steps=cfg.steps, momentum=cfg.momentum))
-        return Update(state_of(model), 0, {"choice": 0, "train_loss": loss}), 0
+        return Update(state_of(model), train_loss=loss), 0
 
     async def evaluate(self, task: Task) -> tuple[Evaluation, int]:
         if len(task.candidates) != 1:

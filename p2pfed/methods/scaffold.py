@@ -130,7 +130,7 @@ class ScaffoldClient(ClientMethod):
                 self.control = updated
             else:  # a diverged local run: its model is refused on the wire; c_i must not keep the NaN
                 log.warning("%s: scaffold: c_i+ is not finite; c_i kept", self.node.name)
-        return Update(trained, 0, {"choice": 0, "train_loss": loss}, aux=delta), 0
+        return Update(trained, train_loss=loss, aux=delta), 0
 
     def state(self) -> dict[str, torch.Tensor]:
         return dict(self.control)

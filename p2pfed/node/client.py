@@ -32,7 +32,7 @@ from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import state_of
 from p2pfed.methods import make_client
-from p2pfed.methods.central import ClientMethod, Task, aux_of, pack, unpack
+from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Change
 from p2pfed.net.waits import first_of
@@ -116,10 +116,9 @@ class CentralNode(LocalNode):
         if kind not in TASKS:
             raise WireError(f"unknown task {kind!r}")
         client = self._method_for(body["method"])
-        shared = body["meta"].get("shared", 0)
-        task = Task(kind, unpack(msg.tensors, self.reference), body["meta"], body["groups"], body["names"],
-                    shared if isinstance(shared, int) else -1, aux_of(msg.tensors))
-        if not 0 <= task.shared <= len(task.models):
+        task = Task(kind, unpack(msg.tensors, self.reference), client.instructions.read(body["meta"]), body["groups"],
+                    body["names"], body["shared"], aux_of(msg.tensors))
+        if task.shared > len(task.models):
             raise WireError("a task's shared count must be between 0 and its number of models")
         if task.groups and len(task.groups) != len(task.candidates):
             raise WireError("a task's groups must name one group per candidate model")
@@ -129,31 +128,32 @@ class CentralNode(LocalNode):
                 await asyncio.sleep(self.send_delay)
             if kind == "train":
                 update, choice = await self.conduct.answer(self, client, task)
-                self.record("train", train_loss=finite(update.meta["train_loss"]), choice=choice)
+                self.record("train", train_loss=finite(update.train_loss), choice=choice)
                 self.checkpoint()
-                body = {"kind": "update", "samples": self.data.samples,
-                        "meta": {**update.meta, "train_loss": finite(update.meta["train_loss"])}}
-                states = [update.state, *update.extra] if update.state is not None else []
-                return self.endpoint.message("model", body, pack(states, update.aux))
+                return self._update(update)
             if kind in ("eval", "finish"):
                 return await self._evaluate(client, task, final=kind == "finish")
             if kind == "compute":  # a method's own step: tensors back, the node's model unchanged
-                update = await client.compute(task)
-                states = [update.state, *update.extra] if update.state is not None else []
-                return self.endpoint.message("model", {"kind": "update", "samples": self.data.samples,
-                                                       "meta": update.meta}, pack(states, update.aux))
+                return self._update(await client.compute(task))
             # note: a number for each name the task lists (e.g. a score of each model it sends)
             values = await client.note(task)
             answer = [values[name] for name in task.names]
             return self.endpoint.message("note", {"kind": "answer", "names": task.names, "values": answer, "meta": {}})
 
+    def _update(self, update: Update) -> Message:
+        """An update as it travels: the node's sample count, the candidate trained, its loss, the models."""
+        body = {"kind": "update", "samples": self.data.samples,
+                "meta": {"choice": update.choice, "train_loss": finite(update.train_loss)}}
+        states = [update.state, *update.extra] if update.state is not None else []
+        return self.endpoint.message("model", body, pack(states, update.aux))
+
     async def _evaluate(self, client: ClientMethod, task: Task, final: bool) -> Message:
         ev, choice = await client.evaluate(task)
         cluster = task.groups[choice] if task.groups else -1
         metrics = {"accuracy": ev.accuracy, "loss": ev.loss, "macro_f1": ev.macro_f1}
-        if task.meta.get("validate") == 1 and task.candidates:  # the protocol of Ye et al. 2023: the
-            # served model's accuracy on this node's validation split too, by which the coordinator picks its
-            # best round
+        if task.instructions.validate and task.candidates:  # the model's accuracy on this node's validation
+            # split too (a coordinator that tests the model it serves on a test set of its own picks its best
+            # round by it)
             val = await self._evaluate_on(self.new_model(task.candidates[choice]), self.data.x_val, self.data.y_val)
             metrics["val_accuracy"] = val.accuracy
         if final:

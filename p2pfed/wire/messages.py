@@ -191,9 +191,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
              "meta": AnyMap()},
     "control": {"kind": KIND, "meta": AnyMap()},
     # a coordinator's task for a node (methods/central.py): candidate models travel as tensors named
-    # "<index>/<parameter>"; groups names each candidate's group, names what a note task's numbers are for
+    # "<index>/<parameter>"; groups names each candidate's group, names what a note task's numbers are for,
+    # shared how many leading models every node shares (not candidates); meta is the method's typed instructions
     "task": {"kind": KIND, "method": Text(64), "groups": Many(Int(-1, 1 << 20), MAX_LIST),
-             "names": Many(NAME_SPEC, MAX_LIST), "meta": AnyMap()},
+             "names": Many(NAME_SPEC, MAX_LIST), "shared": Int(0, MAX_LIST), "meta": AnyMap()},
 }
 
 

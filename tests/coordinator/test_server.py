@@ -20,7 +20,7 @@ from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.runner import mesh_options, prepare_data, run_scenario
 from p2pfed.learn.partition import server_samples
 from p2pfed.methods import load_checked
-from p2pfed.methods.central import Task, pack
+from p2pfed.methods.central import Instructions, Task, pack
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.node.client import CentralNode
@@ -146,7 +146,7 @@ async def test_a_reply_that_does_not_answer_its_task_is_refused(
     with pytest.raises(WireError, match=re.escape(reason)):
         coordinator._read(task, reply(coordinator))
     good = coordinator._read(Task("train", models=[{}, {}]), update(coordinator, choice=1, train_loss=0.5))
-    assert good.samples == 5 and good.meta["choice"] == 1 and good.state is not None
+    assert good.samples == 5 and good.choice == 1 and good.train_loss == 0.5 and good.state is not None
     assert all(torch.equal(good.state[k], v) for k, v in coordinator.initial.items())
     answer = Message("note", "n00", body={"kind": "answer", "names": ["n02", "n01"], "values": [0.5, -1.0], "meta": {}})
     assert coordinator._read(Task("note", names=["n02", "n01"]), answer) == {"n02": 0.5, "n01": -1.0}
@@ -277,11 +277,11 @@ async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left
         tmp_path: Path, members: Callable[..., Endpoint]) -> None:
     scenario, dataset, partition = small(tmp_path)
     scenario.data.server_test = 50
-    asked: list[dict[str, Any]] = []
+    asked: list[Instructions] = []
 
     def answering(coordinator: Coordinator, vals: dict[str, Any]) -> None:
         async def ask(nodes: list[str], tasks: dict[str, Task], timeout: float | None = None) -> dict[str, Any]:
-            asked.extend(t.meta for t in tasks.values())
+            asked.extend(t.instructions for t in tasks.values())
             return {n: {"accuracy": 0.5, "val_accuracy": vals[n]} for n in nodes}
         coordinator.ask = ask  # type: ignore[method-assign]
         coordinator.live_nodes = lambda: sorted(vals)  # type: ignore[method-assign]
@@ -290,7 +290,7 @@ async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left
     await fedavg.method.before_round(0, ["n00", "n01", "n02", "n03"])
     answering(fedavg, {"n00": 0.5, "n01": 0.75, "n02": 5.0, "n03": float("nan")})
     await fedavg.evaluate("eval")
-    assert [m["validate"] for m in asked] == [1, 1, 1, 1]
+    assert [how.validate for how in asked] == [True] * 4
     record = coordinator_records(tmp_path, "a")[-1]
     assert record["event"] == "server" and record["validated"] == 2 and record["val_accuracy"] == 0.625
     assert record["test_samples"] == 50  # the seeded draw from the test split
@@ -306,7 +306,7 @@ async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left
     ifca = Coordinator(scenario, "ifca", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
     answering(ifca, {"n00": 0.5})
     await ifca.evaluate("eval")
-    assert asked and not any("validate" in m for m in asked)  # cluster models: nothing one server set could test
+    assert asked and not any(how.validate for how in asked)  # cluster models: nothing one server set could test
     assert not (tmp_path / "b" / "coordinator.jsonl").exists()
 
 

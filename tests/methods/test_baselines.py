@@ -37,7 +37,7 @@ async def test_local_sends_no_model_ignores_what_comes_back_and_survives_a_resta
     await server.before_round(0, ["a", "b"])
     train, ev = server.train_task(0, "a"), server.eval_task("a")
     assert (train.kind, train.models, ev.kind, ev.models) == ("train", [], "eval", [])
-    server.aggregate(0, {"a": Update(vec(5.0), 10, {})})  # a node that sends a model anyway
+    server.aggregate(0, {"a": Update(vec(5.0), 10)})  # a node that sends a model anyway
     assert server.models == {} and server.clusters() == {}
     data, models = server.state()
     restored = LocalServer(FakeCoordinator(lambda n, t: None), None)
@@ -49,6 +49,6 @@ async def test_local_sends_no_model_ignores_what_comes_back_and_survives_a_resta
 async def test_oracle_with_a_coordinator_averages_each_group_by_sample_count() -> None:
     server = OracleServer(Clustered(lambda n, t: None), None)
     await server.before_round(0, list(CLUSTERS))
-    server.aggregate(0, {"a": Update(vec(1.0), 1, {}), "b": Update(vec(4.0), 2, {}), "c": Update(vec(7.0), 1, {})})
+    server.aggregate(0, {"a": Update(vec(1.0), 1), "b": Update(vec(4.0), 2), "c": Update(vec(7.0), 1)})
     assert server.models[0]["w"].tolist() == [3.0] and server.models[1]["w"].tolist() == [7.0]
     assert torch.equal(server.models[-1]["w"], torch.zeros(4))  # nobody of the unknown group trained

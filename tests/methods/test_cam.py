@@ -25,7 +25,7 @@ def test_ifca_cam_warms_up_with_fedavg_then_updates_clusters_by_eq6_and_the_glob
     asyncio.run(method.before_round(0, ["a", "b"]))
     task = method.train_task(0, "a")
     assert task.shared == 0 and len(task.models) == 1  # warm-up: plain FedAvg of the global model
-    method.aggregate(0, {"a": Update(vec(1, 1, 1, 1), 10, {}), "b": Update(vec(3, 3, 3, 3), 30, {})})
+    method.aggregate(0, {"a": Update(vec(1, 1, 1, 1), 10), "b": Update(vec(3, 3, 3, 3), 30)})
     assert torch.allclose(method.global_model["w"], torch.full((4,), 2.5))
     asyncio.run(method.before_round(1, ["a", "b"]))
     task = method.train_task(1, "a")
@@ -33,8 +33,8 @@ def test_ifca_cam_warms_up_with_fedavg_then_updates_clusters_by_eq6_and_the_glob
     k0 = method.models[0]["w"].clone()
     method.place("a", 0)
     method.place("b", 1)
-    method.aggregate(1, {"a": Update(vec(1, 0, 0, 0), 10, {}, [vec(0, 0, 0, 4)]),
-                         "b": Update(vec(0, 1, 0, 0), 30, {}, [vec(0, 0, 0, 8)])})
+    method.aggregate(1, {"a": Update(vec(1, 0, 0, 0), 10, extra=[vec(0, 0, 0, 4)]),
+                         "b": Update(vec(0, 1, 0, 0), 30, extra=[vec(0, 0, 0, 8)])})
     # Eq. 6 for cluster 0: (1 − 10/40)·Θ_0 + 10/40·θ_a
     assert torch.allclose(method.models[0]["w"], 0.75 * k0 + 0.25 * torch.tensor([1.0, 0, 0, 0]))
     assert torch.allclose(method.global_model["w"], torch.tensor([0, 0, 0, 7.0]))  # Eq. 9: (10·4 + 30·8) / 40
@@ -47,15 +47,15 @@ def test_fesem_cam_warm_up_trains_local_epochs_and_clusters_them() -> None:
 
     def answer(node: str, task: Task) -> Update:
         seen.append(task)
-        return Update(firsts[node], 10, {})
+        return Update(firsts[node], 10)
 
     method = FeSEMCAMServer(FakeCoordinator(answer), FeSEMCAMOptions(k=2, warmup=3, penalty=0.2))
     asyncio.run(method.before_round(0, sorted(firsts)))
-    assert all(t.meta["epochs"] == 3 for t in seen)
+    assert all(t.instructions.epochs == 3 for t in seen)
     groups = method.clusters()
     assert groups["a"] == groups["b"] != groups["c"] == groups["d"]
     task = method.train_task(0, "a")
-    assert task.shared == 1 and task.groups == [groups["a"]] and task.meta["penalty"] == 0.2
+    assert task.shared == 1 and task.groups == [groups["a"]] and task.instructions.penalty == 0.2
 
 
 def test_fesem_cam_measures_distances_on_the_fully_connected_layers_only() -> None:
@@ -67,7 +67,7 @@ def test_fesem_cam_measures_distances_on_the_fully_connected_layers_only() -> No
 
     # a and b share their head but not their conv layer; c and d likewise: the heads decide.
     firsts = {"a": model(50, 1), "b": model(-50, 1.1), "c": model(50, -1), "d": model(-50, -1.1)}
-    ctx = FakeCoordinator(lambda n, t: Update(firsts[n], 10, {}))
+    ctx = FakeCoordinator(lambda n, t: Update(firsts[n], 10))
     ctx.initial = base
     ctx.module = lambda state: net  # type: ignore[method-assign]
     method = FeSEMCAMServer(ctx, FeSEMCAMOptions(k=2, warmup=1))

@@ -19,7 +19,7 @@ def train(method: CFLServer, rnd: int, directions: dict[str, torch.Tensor]) -> N
     updates = {}
     for node, d in directions.items():
         start = method.train_task(rnd, node).models[0]
-        updates[node] = Update({"w": start["w"] + 2 * d}, 10, {})
+        updates[node] = Update({"w": start["w"] + 2 * d}, 10)
     method.aggregate(rnd, updates)
 
 

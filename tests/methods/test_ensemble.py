@@ -17,7 +17,7 @@ from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.tasks import NEXT_TOKEN
 from p2pfed.learn.train import evaluate, state_of, train_epochs
 from p2pfed.methods import load_checked
-from p2pfed.methods.central import Task, Update
+from p2pfed.methods.central import Instructions, Task, Update
 from p2pfed.methods.ensemble import (
     EnsembleClient,
     EnsembleOptions,
@@ -39,7 +39,7 @@ def server(k: int = 0, nodes: tuple[str, ...] = ("a", "b")) -> FedAvgEnsembleSer
 
 
 def members(*states: dict[str, torch.Tensor], samples: int = 1) -> Update:
-    return Update(states[0], samples, {"choice": 0}, extra=list(states[1:]))
+    return Update(states[0], samples, extra=list(states[1:]))
 
 
 def test_k_members_start_as_k_runs_would_and_travel_together_all_shared() -> None:
@@ -62,7 +62,7 @@ def test_each_member_is_the_sample_weighted_mean_of_the_participants_copies_of_i
 
 
 @pytest.mark.parametrize("bad", [members(vec(9, 9)), members(vec(9, 9), vec(9, 9), vec(9, 9)),
-                                 Update(None, 1, {})])
+                                 Update(None, 1)])
 def test_an_update_without_exactly_the_k_members_is_left_out_whole(bad: Update) -> None:
     method = server(k=2)
     method.aggregate(0, {"a": bad, "b": members(vec(3, 2), vec(4, 4), samples=3)})
@@ -72,12 +72,12 @@ def test_an_update_without_exactly_the_k_members_is_left_out_whole(bad: Update) 
 def test_with_one_member_a_round_is_fedavg_and_fedprox_plus_sends_mu() -> None:
     one = server(k=1)
     one.aggregate(0, {"a": members(vec(1, 0)), "b": members(vec(3, 2), samples=3)})
-    assert one.models[0]["w"].tolist() == [2.5, 1.5] and one.train_task(1, "a").meta == {}
+    assert one.models[0]["w"].tolist() == [2.5, 1.5] and one.train_task(1, "a").instructions == Instructions()
     prox = FedProxEnsembleServer(FakeCoordinator(lambda n, t: None, dim=2), FedProxEnsembleOptions(mu=0.3))
     asyncio.run(prox.before_round(0, ["a"]))
     task = prox.train_task(0, "a")
-    assert task.meta["penalty"] == 0.3 and task.shared == len(task.models) == 2
-    assert "penalty" not in prox.eval_task("a").meta
+    assert task.instructions.penalty == 0.3 and task.shared == len(task.models) == 2
+    assert prox.eval_task("a").instructions.penalty == 0
 
 
 def test_a_restarted_coordinator_resumes_with_the_same_members(tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ def test_fedprox_plus_pulls_each_member_towards_its_own_start() -> None:
     starts = [state_of(node.model), state_of(Net())]
     client = EnsembleClient(node)  # type: ignore[arg-type]
     free, _ = asyncio.run(client.train(Task("train", starts, shared=2)))
-    prox, _ = asyncio.run(client.train(Task("train", starts, {"penalty": 2.0}, shared=2)))
+    prox, _ = asyncio.run(client.train(Task("train", starts, Instructions(penalty=2.0), shared=2)))
     for m, start in enumerate(starts):
         plain = free.state if m == 0 else free.extra[0]
         near = prox.state if m == 0 else prox.extra[0]

@@ -22,7 +22,7 @@ from tests.scenario.test_mesh_learning import shrink, write
 
 
 def up(*xs: float, samples: int = 1) -> Update:
-    return Update(vec(*xs), samples, {"choice": 0})
+    return Update(vec(*xs), samples)
 
 
 def server(momentum: float = 0.9, server_lr: float = 1.0, ctx: FakeCoordinator | None = None) -> FedAvgMServer:
@@ -79,7 +79,7 @@ class BufferedCoordinator(FakeCoordinator):
 def test_momentum_moves_the_parameters_and_a_buffer_takes_the_participants_mean() -> None:
     method = server(momentum=0.5, server_lr=2.0, ctx=BufferedCoordinator())
     both = {"w": torch.tensor([1.0, 1.0]), "stat": torch.tensor([1.0, 1.0])}
-    method.aggregate(0, {"a": Update(both, 1, {})})
+    method.aggregate(0, {"a": Update(both, 1)})
     assert list(method.velocity) == ["w"]  # w = 0 − 2·(0 − 1): twice as far as the mean; the statistic is the mean
     assert method.models[0]["w"].tolist() == [2.0, 2.0] and method.models[0]["stat"].tolist() == [1.0, 1.0]
 

@@ -12,7 +12,7 @@ from torch import nn
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import maml_first_order, one_step, state_of, train_epochs
 from p2pfed.methods.central import Update
-from p2pfed.methods.feddsmic import FedDSMICOptions, FedDSMICServer, kl_to_centers
+from p2pfed.methods.feddsmic import FedDSMICOptions, FedDSMICServer, MAMLInstructions, kl_to_centers
 from tests.methods.fake import FakeCoordinator
 
 CPU = torch.device("cpu")
@@ -76,11 +76,11 @@ def test_random_initial_centers_place_each_node_by_kl_after_it_trains_its_own_fi
     task = server.train_task(0, "a")
     assert len(task.candidates) == 1 and torch.equal(task.candidates[0]["weight"], ctx.initial["weight"])
     near = {g: {k: v + 0.01 for k, v in server.models[g].items()} for g in (0, 1)}  # a model like center g's
-    server.aggregate(0, {"a": Update(near[1], 5, {}), "b": Update(near[0], 5, {})})
+    server.aggregate(0, {"a": Update(near[1], 5), "b": Update(near[0], 5)})
     assert server.groups == {"a": 1, "b": 0}  # Eq. 6-7 against the random centers
     assert torch.equal(server.models[1]["weight"], near[1]["weight"])  # Eq. 17: the mean of its members
     assert len(server.train_task(1, "a").candidates) == 1 and server.train_task(1, "a").groups == [1]
     server.admit("late")  # after the first placement, a node is a newcomer (§4.3), with warm-up epochs
-    assert server.train_task(1, "late").meta == {"epochs": 5}
+    assert server.train_task(1, "late").instructions == MAMLInstructions(epochs=5)
     with pytest.raises(ConfigError, match="init must be kmeans or random"):
         FedDSMICOptions(init="paper").validate("")

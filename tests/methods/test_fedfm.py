@@ -47,7 +47,7 @@ def fedfm_ctx() -> FakeCoordinator:
 
 
 def anchors_update(a: list[list[float]], c: list[float]) -> Update:
-    return Update(None, 1, {}, aux={"anchors": torch.tensor(a), "counts": torch.tensor(c)})
+    return Update(None, 1, aux={"anchors": torch.tensor(a), "counts": torch.tensor(c)})
 
 
 def test_global_anchors_are_count_weighted_or_uniform() -> None:
@@ -73,12 +73,12 @@ def test_fedfm_asks_for_anchors_before_training_and_lite_sends_models_every_a_ro
     ctx.answer = answer
     server = FedFMServer(ctx, FedFMOptions(start=1))
     asyncio.run(server.before_round(0, ["a"]))
-    assert asked == [] and "fm" not in server.train_task(0, "a").meta  # FedAvg before T_s
+    assert asked == [] and not server.train_task(0, "a").instructions.wire()  # FedAvg before T_s
     asyncio.run(server.before_round(1, ["a"]))
     assert asked == ["compute"] and server.train_task(1, "a").aux["have"].tolist() == [1, 1, 0]
     assert server.train_task(1, "a").models == [] and len(server.train_task(1, "b").models) == 1  # a holds it
     lite = FedFMLiteServer(fedfm_ctx(), FedFMLiteOptions(start=2, every=3))
-    lite.aggregate(3, {"a": Update(None, 5, {}, aux={"anchors": ANCHORS, "counts": torch.tensor([1.0, 1, 0])})})
+    lite.aggregate(3, {"a": Update(None, 5, aux={"anchors": ANCHORS, "counts": torch.tensor([1.0, 1, 0])})})
     assert lite.anchors is not None and torch.equal(lite.global_model["head.weight"], torch.zeros(3, 2))
     lite.aggregate(4, {"a": Update(vec(1, 1, 1, 1) | {"head.weight": torch.ones(3, 2), "head.bias": torch.ones(3)},
                                    5, {})})
@@ -96,10 +96,10 @@ def test_fedfm_lite_nodes_keep_training_their_own_model_between_model_rounds() -
         nodes = ["a", "b"] if rnd == 7 else ["a"]
         tasks = {n: lite.train_task(rnd, n) for n in nodes}
         down.append(len(tasks["a"].models))
-        up.append(tasks["a"].meta["send_model"])
+        up.append(int(tasks["a"].instructions.send_model))
         if rnd == 7:
             assert len(tasks["b"].models) == 1  # b has not trained from the current global model: it gets it
-        lite.aggregate(rnd, {n: Update(model(rnd) if t.meta["send_model"] else None, 5, {}) for n, t in tasks.items()})
+        lite.aggregate(rnd, {n: Update(model(rnd) if t.instructions.send_model else None, 5) for n, t in tasks.items()})
     # Models go up in rounds T_s, T_s + a, ... (a node sends the model it kept training), and the new global
     # model comes down once, in the round after it changed; in the rounds between, a node trains its own.
     assert up == [1, 0, 0, 1, 0, 0, 1, 0]

@@ -8,7 +8,7 @@ import asyncio
 import torch
 from torch import nn
 
-from p2pfed.methods.central import Update
+from p2pfed.methods.central import Instructions, Update
 from p2pfed.methods.fedfomo import FedFomoClient, FedFomoOptions, FedFomoServer
 from p2pfed.methods.fedproto import FedProtoOptions, FedProtoServer, class_prototypes
 from tests.methods.fake import FakeCoordinator, vec
@@ -33,13 +33,14 @@ def test_prototypes_are_class_means_of_the_head_input_and_the_global_one_is_coun
     ctx.initial = {"head.weight": torch.zeros(3, 2), "head.bias": torch.zeros(3)}
     server = FedProtoServer(ctx, FedProtoOptions(lam=0.5))
     assert server.train_task(0, "a").aux == {}  # no prototypes yet
-    server.aggregate(0, {"a": Update(None, 4, {}, aux={"protos": protos, "counts": counts}),
-                         "b": Update(None, 2, {}, aux={"protos": torch.tensor([[4.0, 0], [1, 1], [0, 0]]),
+    server.aggregate(0, {"a": Update(None, 4, aux={"protos": protos, "counts": counts}),
+                         "b": Update(None, 2, aux={"protos": torch.tensor([[4.0, 0], [1, 1], [0, 0]]),
                                                      "counts": torch.tensor([2.0, 1, 0])}),
-                         "bad": Update(None, 2, {}, aux={"protos": torch.zeros(2, 2), "counts": torch.ones(2)})})
+                         "bad": Update(None, 2, aux={"protos": torch.zeros(2, 2), "counts": torch.ones(2)})})
     task = server.train_task(1, "a")
     assert torch.allclose(task.aux["protos"], torch.tensor([[3.0, 0], [1, 1], [0, 3]]))
-    assert task.aux["have"].tolist() == [1, 1, 1] and task.meta == {"classes": 3}  # λ: the node's own options
+    # nothing but the table: λ is the node's own options, the number of classes its model's
+    assert task.aux["have"].tolist() == [1, 1, 1] and task.instructions == Instructions()
     assert set(server.protos) == {"a", "b"} and task.models == []  # models never travel
 
 
@@ -47,10 +48,10 @@ def test_fedfomo_sends_the_most_useful_models_and_learns_affinities() -> None:
     server = FedFomoServer(FakeCoordinator(lambda n, t: None), FedFomoOptions(m=2, epsilon=0.0))
     asyncio.run(server.before_round(0, ["a", "b", "c", "d"]))
     assert server.train_task(0, "a").models == []  # nobody has sent a model yet
-    server.aggregate(0, {n: Update(vec(i, 0, 0, 0), 10, {}) for i, n in enumerate("abcd")})
+    server.aggregate(0, {n: Update(vec(i, 0, 0, 0), 10) for i, n in enumerate("abcd")})
     task = server.train_task(1, "a")
     assert task.names == ["b", "c"] and len(task.models) == 2
-    server.aggregate(1, {"a": Update(vec(9, 0, 0, 0), 10, {}, aux={"weights": torch.tensor([0.0, 1.0])})})
+    server.aggregate(1, {"a": Update(vec(9, 0, 0, 0), 10, aux={"weights": torch.tensor([0.0, 1.0])})})
     assert server.affinity["a"] == {"b": 0.0, "c": 1.0}
     assert server.train_task(2, "a").names == ["c", "b"]  # c helped: it comes first now
 

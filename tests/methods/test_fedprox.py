@@ -16,7 +16,7 @@ from tests.scenario.test_mesh_learning import write
 def test_every_train_task_carries_mu_as_the_proximal_penalty() -> None:
     method = FedProxServer(FakeCoordinator(lambda n, t: None), FedProxOptions(mu=0.25))
     method.admit("n00")
-    assert method.train_task(0, "n00").meta["penalty"] == 0.25
+    assert method.train_task(0, "n00").instructions.penalty == 0.25
 
 
 def test_mu_comes_from_the_methods_own_table_and_the_old_key_says_where_it_went(tmp_path: Path) -> None:

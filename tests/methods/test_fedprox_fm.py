@@ -4,6 +4,7 @@ to the global model a node trains from (sent, or kept from the anchor step), and
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from p2pfed.config import ConfigError
 from p2pfed.learn.train import state_of
 from p2pfed.methods import load_checked
 from p2pfed.methods.central import Task, Update
-from p2pfed.methods.fedfm import FedFMClient, FedFMOptions
+from p2pfed.methods.fedfm import FedFMClient, FedFMOptions, FMInstructions
 from p2pfed.methods.fedprox_fm import FedProxFMOptions, FedProxFMServer
 from tests.methods.fake import FakeCoordinator, FakeNode, Net, distance
 from tests.scenario.test_mesh_learning import shrink, write
@@ -21,7 +22,7 @@ from tests.scenario.test_mesh_learning import shrink, write
 
 def ctx() -> FakeCoordinator:
     def answer(node: str, task: Task) -> Update:
-        return Update(None, 1, {}, aux={"anchors": torch.eye(3, 2), "counts": torch.ones(3)})
+        return Update(None, 1, aux={"anchors": torch.eye(3, 2), "counts": torch.ones(3)})
 
     coordinator = FakeCoordinator(answer)
     coordinator.initial = {"head.weight": torch.zeros(3, 2), "head.bias": torch.zeros(3)}
@@ -33,31 +34,31 @@ def test_every_train_task_carries_mu_before_and_after_feature_matching_starts() 
     assert FedProxFMServer.client is FedFMClient and FedProxFMServer.tasks == frozenset({"classification"})
     asyncio.run(server.before_round(0, ["a"]))
     before = server.train_task(0, "a")
-    assert before.meta == {"penalty": 0.2} and len(before.models) == 1  # FedProx before T_s
+    assert before.instructions.wire() == {"penalty": 0.2} and len(before.models) == 1  # FedProx before T_s
     asyncio.run(server.before_round(1, ["a"]))
     after = server.train_task(1, "a")
-    assert after.meta["fm"] == 1 and after.meta["penalty"] == 0.2 and "anchors" in after.aux
+    assert after.instructions == FMInstructions(matching=True, penalty=0.2) and "anchors" in after.aux
     assert after.models == [] and len(server.train_task(1, "b").models) == 1  # a holds the global model
-    assert "penalty" not in server.eval_task("a").meta
+    assert server.eval_task("a").instructions.penalty == 0
 
 
 def test_the_proximal_term_pulls_towards_the_global_model_sent_or_kept_from_the_anchor_step() -> None:
     torch.manual_seed(1)  # a fixed global model: the test must not depend on what ran before it
     global_model = state_of(Net())
     anchors = {"anchors": torch.eye(3, 4), "have": torch.ones(3, dtype=torch.uint8)}
-    meta = {"fm": 1, "loss": "cg", "classes": 3}
+    how = FMInstructions(matching=True)
 
     def train(task: Task, compute_first: bool = False) -> dict[str, torch.Tensor]:
         client = FedFMClient(FakeNode(epochs=3), FedFMOptions())  # type: ignore[arg-type]
         if compute_first:  # the anchor step loads the global model; the train task then sends none
-            asyncio.run(client.compute(Task("compute", [global_model], {"classes": 3})))
+            asyncio.run(client.compute(Task("compute", [global_model])))
         update, _ = asyncio.run(client.train(task))
         assert update.state is not None
         return update.state
 
-    fm = train(Task("train", [global_model], meta, aux=anchors))
-    prox = train(Task("train", [global_model], {**meta, "penalty": 2.0}, aux=anchors))
-    kept = train(Task("train", [], {**meta, "penalty": 2.0}, aux=anchors), compute_first=True)
+    fm = train(Task("train", [global_model], how, aux=anchors))
+    prox = train(Task("train", [global_model], replace(how, penalty=2.0), aux=anchors))
+    kept = train(Task("train", [], replace(how, penalty=2.0), aux=anchors), compute_first=True)
     assert distance(prox, global_model) < 0.5 * distance(fm, global_model)
     assert all(torch.allclose(kept[k], prox[k]) for k in prox)
 

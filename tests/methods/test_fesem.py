@@ -18,7 +18,7 @@ FIRST = {"n0": vec(1, 1, 0, 0), "n1": vec(1.2, 0.9, 0, 0), "n2": vec(0.9, 1.1, 0
 
 def first_local_models(node: str, task: Task) -> Update:
     assert task.kind == "train" and torch.equal(task.models[0]["w"], torch.zeros(4))  # from the shared start
-    return Update(FIRST[node], 10, {})
+    return Update(FIRST[node], 10)
 
 
 def test_initial_centers_by_kmeans_then_nodes_move_to_the_nearest_center() -> None:
@@ -30,9 +30,9 @@ def test_initial_centers_by_kmeans_then_nodes_move_to_the_nearest_center() -> No
     a, b = groups["n0"], groups["n3"]
     assert torch.allclose(method.models[a]["w"], torch.tensor([1.0333, 1.0, 0, 0]), atol=1e-3)  # Eq. 9: plain mean
     task = method.train_task(1, "n0")
-    assert task.models[0] is method.models[a] and task.meta["penalty"] == 0.1  # λ·||W − W̃||² = (2λ)/2·||·||²
+    assert task.models[0] is method.models[a] and task.instructions.penalty == 0.1  # λ·||W − W̃||² = (2λ)/2·||·||²
     # n0's new local model lands next to the other center: the E-step moves it, the M-step follows
-    method.aggregate(1, {"n0": Update(vec(-1, -1, 0, 0), 10, {})})
+    method.aggregate(1, {"n0": Update(vec(-1, -1, 0, 0), 10)})
     assert method.clusters()["n0"] == b
     assert torch.allclose(method.models[a]["w"], torch.tensor([1.05, 1.0, 0, 0]), atol=1e-3)
     assert torch.allclose(method.models[b]["w"], torch.tensor([-1.0, -1.0, 0, 0]), atol=1e-3)

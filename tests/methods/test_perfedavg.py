@@ -104,7 +104,7 @@ def central_node(tmp_path: Path, members: Callable[..., Endpoint], table: str) -
 
 
 def task(kind: str, model: dict[str, torch.Tensor], rnd: int = 2) -> Message:
-    body = {"kind": kind, "method": "perfedavg", "groups": [], "names": [], "meta": {}}
+    body = {"kind": kind, "method": "perfedavg", "groups": [], "names": [], "shared": 0, "meta": {}}
     return Message("task", "coord", round=rnd, body=body, tensors=pack([model]))
 
 

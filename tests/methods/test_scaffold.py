@@ -40,7 +40,7 @@ def server(server_lr: float = 1.0, nodes: tuple[str, ...] = ("a", "b", "c", "d")
 
 
 def up(y: tuple[float, float], dc: tuple[float, float], samples: int = 1) -> Update:
-    return Update(vec(*y), samples, {"choice": 0}, aux=vec(*dc))
+    return Update(vec(*y), samples, aux=vec(*dc))
 
 
 ROUNDS = [{"a": up((1, 0), (1, 1)), "b": up((3, 2), (3, -1), samples=3)},
@@ -73,7 +73,7 @@ def test_with_a_unit_step_and_no_correction_a_round_is_fedavg() -> None:
                                 {"w": torch.ones(2, dtype=torch.float64)}, {"w": torch.ones(2), "v": torch.ones(1)}])
 def test_an_update_with_a_malformed_dc_is_left_out_whole(dc: dict[str, torch.Tensor]) -> None:
     method = server()
-    method.aggregate(0, {"a": Update(vec(8, 8), 1, {}, aux=dc), "b": up((2, 0), (4, 2))})
+    method.aggregate(0, {"a": Update(vec(8, 8), 1, aux=dc), "b": up((2, 0), (4, 2))})
     # only b's: w = b's y, c = 1/4 of b's Δc
     assert method.models[0]["w"].tolist() == [2.0, 0.0] and method.control["w"].tolist() == [1.0, 0.5]
 
@@ -184,7 +184,7 @@ async def test_a_restarted_node_keeps_its_c_i_from_its_checkpoint(tmp_path: Path
     node = central_node(tmp_path, members, "scaffold")
     params = {n for n, p in node.model.named_parameters()}
     c = {n: torch.full_like(t, 0.01) for n, t in node.reference.items() if n in params}
-    body = {"kind": "train", "method": "scaffold", "groups": [], "names": [], "meta": {}}
+    body = {"kind": "train", "method": "scaffold", "groups": [], "names": [], "shared": 0, "meta": {}}
     reply = await node._on_task(Message("task", "coord", round=2, body=body, tensors=pack([node.reference], c)))
     assert reply is not None and reply.body["kind"] == "update"
     [_] = unpack(reply.tensors, node.reference)

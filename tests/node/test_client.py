@@ -40,7 +40,7 @@ def central_node(tmp_path: Path, members: Callable[..., Endpoint], adversary: st
 
 def task(kind: str, method: str, models: list[dict[str, torch.Tensor]], names: tuple[str, ...] | list[str] = (),
          rnd: int = 2) -> Message:
-    body = {"kind": kind, "method": method, "groups": [], "names": list(names), "meta": {}}
+    body = {"kind": kind, "method": method, "groups": [], "names": list(names), "shared": 0, "meta": {}}
     return Message("task", "coord", round=rnd, body=body, tensors=pack(models))
 
 
@@ -108,7 +108,7 @@ async def test_a_task_the_method_does_not_take_is_refused(
 
 
 def train_task(method: str, models: list[dict[str, torch.Tensor]], shared: int, **meta: int) -> Message:
-    body = {"kind": "train", "method": method, "groups": [], "names": [], "meta": {"shared": shared, **meta}}
+    body = {"kind": "train", "method": method, "groups": [], "names": [], "shared": shared, "meta": meta}
     return Message("task", "coord", round=2, body=body, tensors=pack(models))
 
 
@@ -134,7 +134,7 @@ async def test_a_free_rider_given_no_model_sends_back_the_one_it_held_untrained(
     node = central_node(tmp_path, members, "free-rider")
     held = shifted(node.reference, 0.03)
     node.model.load_state_dict(held)  # e.g. FedFM's global model, kept from the round's anchor exchange
-    reply = await node._on_task(train_task("fedfm", [], 0, fm=1, classes=10))
+    reply = await node._on_task(train_task("fedfm", [], 0, matching=True))
     assert reply is not None
     [back] = unpack(reply.tensors, node.reference)
     assert all(torch.equal(back[k], held[k]) for k in held)

@@ -83,7 +83,7 @@ class PFedLIAClient(ClientMethod):
             raise WireError("pfedlia: a partial model is trained from one model, w0")
         cfg = self.options
         partial = await self.node.train_copy(task.candidates[0], cfg.lia_batch, cfg.lia_epochs, cfg.lia_lr)
-        return Update(partial, 0, {"choice": 0})
+        return Update(partial)
 
     async def note(self, task: Task) -> dict[str, float]:
         if not task.models or len(task.names) != len(task.models) - 1:

@@ -52,7 +52,7 @@ def test_the_influence_phase_through_tasks_and_a_late_joiner() -> None:
     def answer(node: str, task: Task) -> object:
         i = int(node[1:])
         if task.kind == "compute":
-            return Update({"w": torch.full((4,), float(i))}, 10, {})
+            return Update({"w": torch.full((4,), float(i))}, 10)
         assert task.kind == "note" and len(task.models) == len(task.names) + 1
         return {name: influence(i, int(name[1:]), rng) for name in task.names}
 
@@ -76,7 +76,7 @@ def test_a_pair_too_small_for_optics_still_ends_up_together() -> None:
 
     def answer(node: str, task: Task) -> object:
         if task.kind == "compute":
-            return Update({"w": torch.zeros(4)}, 10, {})
+            return Update({"w": torch.zeros(4)}, 10)
         return rows[node]
 
     method = PFedLIACentralServer(FakeCoordinator(answer), CentralOptions(warmup_rounds=0))
@@ -92,7 +92,7 @@ def phase(rows: dict[str, dict[str, float]], method: type[PFedLIACentralServer],
 
     def answer(node: str, task: Task) -> object:
         if task.kind == "compute":
-            return Update({"w": torch.zeros(4)}, 10, {})
+            return Update({"w": torch.zeros(4)}, 10)
         return rows[node]
 
     server = method(FakeCoordinator(answer), options)
@@ -137,7 +137,7 @@ def test_a_node_that_answers_the_partial_step_with_other_than_one_model_is_left_
     def answer(node: str, task: Task) -> object:
         if task.kind == "compute":
             state = {"w": torch.zeros(4)}
-            return Update(state, 10, {}, extra=[state]) if node == "n05" else Update(state, 10, {})
+            return Update(state, 10, extra=[state]) if node == "n05" else Update(state, 10)
         return {name: rows[node][name] for name in task.names}
 
     ctx = FakeCoordinator(answer)
