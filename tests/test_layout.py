@@ -70,3 +70,20 @@ def test_no_node_coordinator_or_network_module_names_an_adversary() -> None:
              for match in [ADVERSARY.search(line)] if match]
     assert found == [], "\n".join(found)
     assert ADVERSARY.search('if self.adversary == "free-rider":') and ADVERSARY.search("noise_like(state, seed)")
+
+
+# A paper's special capability (a server's indicator samples, a protocol's server-held test set, prototypes,
+# anchors, MAML steps) lives in its method, with the data it needs handed over by the launcher (learn/held.py)
+# and the per-task values it sends typed by the method (methods/central.py: Instructions).
+CAPABILITY = re.compile(r"indicator|et al\.|\bpapers?\b|prototyp|anchor|maml|server_per_class|server_test\b",
+                        re.IGNORECASE)
+
+
+def test_no_node_coordinator_or_network_module_names_a_papers_capability() -> None:
+    found = [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
+             for package in ("node", "coordinator", "net") for path in sorted((ROOT / package).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             for match in [CAPABILITY.search(line)] if match]
+    assert found == [], "\n".join(found)
+    assert CAPABILITY.search("def indicator_samples(self, per_class: int)")
+    assert CAPABILITY.search("# the protocol of Ye et al. 2023") and CAPABILITY.search('task.meta.get("maml")')

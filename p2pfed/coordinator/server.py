@@ -21,14 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
-from p2pfed.learn.datasets import Dataset
+from p2pfed.learn.held import ServerData
 from p2pfed.learn.models import build_model
-from p2pfed.learn.partition import Partition, server_samples
 from p2pfed.learn.train import evaluate, pick_device, state_of
 from p2pfed.methods import make_server
 from p2pfed.methods.central import Task, Update, aux_of, pack, unpack
@@ -43,22 +41,13 @@ from p2pfed.wire.messages import clip
 log = logging.getLogger(__name__)
 
 
-def server_test_set(dataset: Dataset, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The test samples the coordinator holds (data.server_test of them, all with more; None with 0): a seeded
-    draw from the test split, the same on every rerun. Node test shards are drawn from the same split; the server
-    set is only ever tested on, so sharing samples with them leaks nothing into training."""
-    if not samples:
-        return None
-    n = len(dataset.y_test)
-    picks = np.sort(np.random.default_rng(seed + 104729).permutation(n)[:samples]) if samples < n else np.arange(n)
-    return dataset.x_test[picks], dataset.y_test[picks]
-
-
 class Coordinator:
     """The server of one coordinated method over the mesh its endpoint belongs to."""
 
-    def __init__(self, scenario: Scenario, method: str, endpoint: Endpoint, dataset: Dataset,
-                 partition: Partition | None, out_dir: Path, state_dir: Path | None = None) -> None:
+    def __init__(self, scenario: Scenario, method: str, endpoint: Endpoint, data: ServerData,
+                 truth: dict[str, int], out_dir: Path, state_dir: Path | None = None) -> None:
+        """data: what it holds of the data itself (its launcher draws it, learn/held.py); truth: each node's true
+        cluster where the scenario knows it (for the record, and for a method that is told them)."""
         self.scenario = scenario
         self.method_name = method
         self.endpoint = endpoint
@@ -66,14 +55,12 @@ class Coordinator:
         self.seed = scenario.seed
         self.fraction = self.cfg.participation
         self.clusters_hint = scenario.data.clusters
-        self._shape = (dataset.input_shape, dataset.num_classes)
-        self.dataset = dataset
+        self._shape = (data.input_shape, data.num_classes)
+        self.data = data
         self._template: nn.Module | None = None
         self.initial = self.build(scenario.seed)  # the seeded initial model every node also builds
-        self.true = ({scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
-                     if partition is not None else {})
+        self.true = dict(truth)
         self.method = make_server(method, self, scenario)
-        self.server_test = server_test_set(dataset, scenario.data.server_test, scenario.seed)
         self.round = 0
         self.tested = -1  # the round whose served model was last tested on the server's set (-1: none yet)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -96,19 +83,6 @@ class Coordinator:
             self._template = build_model(self.cfg.model, self._shape[0], self._shape[1], seed=self.seed)
         self._template.load_state_dict(state)
         return self._template.eval()
-
-    def indicator_samples(self, per_class: int) -> torch.Tensor:
-        """per_class training inputs of every class, drawn with the scenario's seed: samples a method's
-        server may hold (its indicator samples). With data.server_per_class set, the partition dealt none of
-        them to a node (the protocol of Li et al. 2022): these are the first per_class of each class's
-        set-aside samples; else they may also be in some node's shard."""
-        y = self.dataset.y_train.numpy()
-        held = self.scenario.data.server_per_class
-        if not held:
-            return self.dataset.x_train[server_samples(y, per_class, self.seed)]
-        kept = server_samples(y, held, self.seed)
-        picks = [kept[y[kept] == c][:per_class] for c in np.unique(y[kept])]
-        return self.dataset.x_train[np.sort(np.concatenate(picks))]
 
     async def ask(self, nodes: list[str], tasks: dict[str, Task], timeout: float | None = None) -> dict[str, Any]:
         """Send each node its task and wait (until the deadline) for the answers; drop what is invalid."""
@@ -200,7 +174,7 @@ class Coordinator:
         nodes = [n for n in self.live_nodes() if only is None or n in only]
         # the finish after an evaluation round would test the same served model again: its record is there
         again = kind == "finish" and self.tested == self.round
-        served = self.method.served_model() if self.server_test is not None and only is None and not again else None
+        served = self.method.served_model() if self.data.test is not None and only is None and not again else None
         tasks = {}
         for n in nodes:
             task = self.method.eval_task(n)
@@ -220,18 +194,18 @@ class Coordinator:
         if accuracies:
             log.info("coordinator: round %d: %s of %d nodes, mean accuracy %.4f", self.round, kind, len(accuracies),
                      sum(accuracies) / len(accuracies))
-        if served is not None and self.server_test is not None:
-            await self.test_served(served, self.server_test, validated)
+        if served is not None and self.data.test is not None:
+            await self.test_served(served, self.data.test, validated)
         return set(answers)
 
     async def test_served(self, served: dict[str, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
                           validated: list[float]) -> None:
-        """The protocol of Ye et al. 2023: the served model's accuracy on the server's held-out test set, recorded
-        with the nodes' mean validation accuracy of the same model, by which the report picks the best round."""
+        """The served model's accuracy on the test set the coordinator holds, recorded with the nodes' mean
+        validation accuracy of the same model, by which the report picks the best round."""
         x, y = test
         module = build_model(self.cfg.model, self._shape[0], self._shape[1], seed=self.seed)
         module.load_state_dict(served)  # its own instance: the test runs in a thread while the loop goes on
-        ev = await asyncio.to_thread(evaluate, module, x, y, pick_device(self.cfg.device), task=self.dataset.task)
+        ev = await asyncio.to_thread(evaluate, module, x, y, pick_device(self.cfg.device), task=self.data.task)
         val = sum(validated) / len(validated) if validated else None
         self.record("server", val_accuracy=val, validated=len(validated), accuracy=ev.accuracy, loss=ev.loss,
                     macro_f1=ev.macro_f1, test_samples=ev.samples)

@@ -203,8 +203,7 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     is set. It may be the first member (nodes then join through it) or join an existing mesh."""
     import torch
 
-    from p2pfed.coordinator.server import Coordinator
-    from p2pfed.launch.runner import prepare_data, recipe_of
+    from p2pfed.launch.runner import make_coordinator, prepare_data, recipe_of
     from p2pfed.methods import CENTRAL, REGISTRY, check_method, is_central, load_checked
 
     if method in REGISTRY:
@@ -219,6 +218,6 @@ async def run_coordinator(cfg: NodeConfig, scenario_path: Path, method: str, out
     dataset, partition = prepare_data(scenario)
 
     async def coordinate(endpoint: Endpoint) -> None:
-        await Coordinator(scenario, method, endpoint, dataset, partition, out, state_dir).run(wait_for=wait_for)
+        await make_coordinator(scenario, method, endpoint, dataset, partition, out, state_dir).run(wait_for=wait_for)
 
     await _joined(cfg, "coordinator", recipe_of(scenario, method, dataset), stop, coordinate)

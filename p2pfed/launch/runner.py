@@ -28,6 +28,7 @@ import torch
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.adversary import conduct_of
 from p2pfed.learn.datasets import Dataset, load_dataset
+from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.methods import MOVED, is_central, load_checked
 from p2pfed.net import security
@@ -97,6 +98,15 @@ def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
     partition = scenario.data.partition.build(y_train, y_test, scenario.nodes, scenario.seed,
                                               scenario.data.val_fraction)
     return dataset, partition
+
+
+def make_coordinator(scenario: Scenario, method: str, endpoint: Endpoint, dataset: Dataset, partition: Partition,
+                     out: Path, state_dir: Path | None = None) -> Coordinator:
+    """The coordinator of a scenario's coordinated method, handed what it holds of the data (the samples set aside
+    for its method's server, its test set) and the nodes' true clusters: it knows no dataset or partition."""
+    data = server_data(dataset, scenario.seed, scenario.data.server_per_class, scenario.data.server_test)
+    truth = {scenario.node_name(i): int(c) for i, c in enumerate(partition.true_cluster)}
+    return Coordinator(scenario, method, endpoint, data, truth, out, state_dir)
 
 
 @dataclass
@@ -299,7 +309,7 @@ async def _start_coordinator(mesh: InProcessMesh, wait_for: int) -> tuple[Coordi
                       recipe_of(mesh.scenario, mesh.method, mesh.dataset))
     await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.ticket])
     await endpoint.wait_joined(30)
-    coordinator = Coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
+    coordinator = make_coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
     task = asyncio.get_running_loop().create_task(coordinator.run(wait_for=wait_for), name="coordinator")
     return coordinator, task
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar
 import torch
 from torch import nn
 
+from p2pfed.learn.held import ServerData
 from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.methods.base import NodeContext, shared_number
 from p2pfed.methods.options import MethodOptions, options_of
@@ -149,15 +150,13 @@ class ServerContext(Protocol):
     fraction: float
     initial: dict[str, torch.Tensor]  # the shared seeded initial model
     clusters_hint: int  # the scenario's number of clusters, for methods that must be given K
+    data: ServerData  # what it holds of the data itself: samples a method's server may use, a test set
 
     def build(self, seed: int) -> dict[str, torch.Tensor]:
         """A freshly initialised model of the scenario's architecture."""
 
     def module(self, state: dict[str, torch.Tensor]) -> nn.Module:
         """The scenario's architecture with state loaded, in eval mode (server-side inference)."""
-
-    def indicator_samples(self, per_class: int) -> torch.Tensor:
-        """per_class inputs of every class, held by the server (FedDSMIC)."""
 
     def true_cluster_of(self, name: str) -> int:
         """A node's true cluster (from the scenario's partition), -1 if unknown."""

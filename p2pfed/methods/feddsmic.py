@@ -167,7 +167,7 @@ class FedDSMICServer(ServerMethod):
 
     def __init__(self, ctx: Any, options: FedDSMICOptions) -> None:
         super().__init__(ctx, options)
-        self.indicator = ctx.indicator_samples(options.indicator_per_class)
+        self.indicator = ctx.data.samples(options.indicator_per_class)
         self.newcomers: set[str] = set()  # nodes placed by their first local model, not yet averaged in
         if options.init == "random":  # Algorithm 1: C randomly initialised centers
             self.models = {g: ctx.build(ctx.seed + 1 + g) for g in range(self.k)}

@@ -17,7 +17,7 @@ import torch
 
 from p2pfed.config import ConfigError
 from p2pfed.coordinator.server import Coordinator
-from p2pfed.launch.runner import mesh_options, prepare_data, run_scenario
+from p2pfed.launch.runner import make_coordinator, mesh_options, prepare_data, run_scenario
 from p2pfed.learn.partition import server_samples
 from p2pfed.methods import load_checked
 from p2pfed.methods.central import Instructions, Task, pack
@@ -62,7 +62,7 @@ def test_a_restarted_coordinator_resumes_from_its_checkpoint(tmp_path: Path) -> 
     async def coordinator(boot: str) -> tuple[Endpoint, Coordinator]:
         endpoint = Endpoint("coordinator", "coordinator", options=options, keys=keys)
         await endpoint.start("tcp://127.0.0.1:0", [boot])
-        return endpoint, Coordinator(scenario, "fedavg", endpoint, dataset, partition, out)
+        return endpoint, make_coordinator(scenario, "fedavg", endpoint, dataset, partition, out)
 
     async def main() -> None:
         boot = Endpoint("bootstrap", "bootstrap", options=options)
@@ -142,7 +142,8 @@ async def test_a_reply_that_does_not_answer_its_task_is_refused(
         tmp_path: Path, members: Callable[..., Endpoint], task: Task, reply: Callable[[Coordinator], Message],
         reason: str) -> None:
     scenario, dataset, partition = small(tmp_path)
-    coordinator = Coordinator(scenario, "fedavg", members("coordinator", "coordinator"), dataset, partition, tmp_path)
+    coordinator = make_coordinator(scenario, "fedavg", members("coordinator", "coordinator"), dataset, partition,
+                                   tmp_path)
     with pytest.raises(WireError, match=re.escape(reason)):
         coordinator._read(task, reply(coordinator))
     good = coordinator._read(Task("train", models=[{}, {}]), update(coordinator, choice=1, train_loss=0.5))
@@ -155,10 +156,11 @@ async def test_a_reply_that_does_not_answer_its_task_is_refused(
 async def test_a_checkpoint_of_another_method_is_refused_not_resumed(tmp_path: Path,
                                                                     members: Callable[..., Endpoint]) -> None:
     scenario, dataset, partition = small(tmp_path)
-    fedavg = Coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path)
+    fedavg = make_coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path)
     fedavg.checkpoint(2)
-    assert Coordinator(scenario, "fedavg", members("c2", "coordinator"), dataset, partition, tmp_path).restore() == 3
-    local = Coordinator(scenario, "local", members("c3", "coordinator"), dataset, partition, tmp_path)
+    again = make_coordinator(scenario, "fedavg", members("c2", "coordinator"), dataset, partition, tmp_path)
+    assert again.restore() == 3
+    local = make_coordinator(scenario, "local", members("c3", "coordinator"), dataset, partition, tmp_path)
     with pytest.raises(ValueError, match="is a checkpoint of fedavg, not local"):
         local.restore()
 
@@ -189,7 +191,8 @@ def scripted(coordinator: Coordinator, live: list[str], answers: Callable[[int, 
 async def test_after_the_last_round_every_node_is_finished_and_a_late_one_gets_a_longer_second_try(
         tmp_path: Path, members: Callable[..., Endpoint], caplog: pytest.LogCaptureFixture) -> None:
     scenario, dataset, partition = small(tmp_path)
-    coordinator = Coordinator(scenario, "fedavg", members("coordinator", "coordinator"), dataset, partition, tmp_path)
+    coordinator = make_coordinator(scenario, "fedavg", members("coordinator", "coordinator"), dataset, partition,
+                                   tmp_path)
     coordinator.checkpoint(1)  # it restarts after round 1
     live = ["n00", "n01", "n02"]
     busy = {"n01", "n02"}  # still on a late task when the finish comes
@@ -213,13 +216,13 @@ async def test_after_the_last_round_every_node_is_finished_and_a_late_one_gets_a
 async def test_the_coordinator_waits_for_the_nodes_it_is_told_to_wait_for_and_otherwise_starts_at_once(
         tmp_path: Path, members: Callable[..., Endpoint]) -> None:
     scenario, dataset, partition = small(tmp_path)
-    coordinator = Coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path / "a")
+    coordinator = make_coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path / "a")
     live: list[str] = []
     rounds, _ = scripted(coordinator, live, lambda call, node: True)
     asyncio.get_running_loop().call_later(0.3, live.extend, ["n00", "n01"])
     await coordinator.run(wait_for=2, start_timeout=5)
     assert [r for r, _ in rounds] == [0, 1, 2, 3] and 0.3 <= rounds[0][1] < 3
-    alone = Coordinator(scenario, "fedavg", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
+    alone = make_coordinator(scenario, "fedavg", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
     rounds, _ = scripted(alone, [], lambda call, node: True)
     await asyncio.wait_for(alone.run(), 10)  # the defaults: nobody to wait for
     assert [r for r, _ in rounds] == [0, 1, 2, 3] and rounds[0][1] < 1
@@ -238,9 +241,9 @@ async def test_the_servers_samples_are_set_aside_before_the_nodes_get_theirs(
     assert len(held) == 40  # digits: 4 of each of its 10 classes
     dealt = {int(i) for s in partition.shards for i in [*s.train, *s.val]}
     assert not held & dealt and len(dealt) == len(dataset.y_train) - 40  # every other sample is dealt
-    coordinator = Coordinator(scenario, "feddsmic", members("coordinator", "coordinator"), dataset, partition,
-                              tmp_path)
-    indicators = coordinator.indicator_samples(3)
+    coordinator = make_coordinator(scenario, "feddsmic", members("coordinator", "coordinator"), dataset, partition,
+                                   tmp_path)
+    indicators = coordinator.data.samples(3)
     assert len(indicators) == 30
     x = dataset.x_train
     assert all(any(torch.equal(row, x[i]) for i in held) for row in indicators)  # the server's own samples
@@ -286,7 +289,7 @@ async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left
         coordinator.ask = ask  # type: ignore[method-assign]
         coordinator.live_nodes = lambda: sorted(vals)  # type: ignore[method-assign]
 
-    fedavg = Coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path / "a")
+    fedavg = make_coordinator(scenario, "fedavg", members("c1", "coordinator"), dataset, partition, tmp_path / "a")
     await fedavg.method.before_round(0, ["n00", "n01", "n02", "n03"])
     answering(fedavg, {"n00": 0.5, "n01": 0.75, "n02": 5.0, "n03": float("nan")})
     await fedavg.evaluate("eval")
@@ -303,7 +306,7 @@ async def test_only_a_served_model_is_tested_and_a_nodes_junk_validation_is_left
     await fedavg.evaluate("finish")
     assert [r["round"] for r in coordinator_records(tmp_path, "a")] == [0, 5]
     asked.clear()
-    ifca = Coordinator(scenario, "ifca", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
+    ifca = make_coordinator(scenario, "ifca", members("c2", "coordinator"), dataset, partition, tmp_path / "b")
     answering(ifca, {"n00": 0.5})
     await ifca.evaluate("eval")
     assert asked and not any(how.validate for how in asked)  # cluster models: nothing one server set could test

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from p2pfed.config import ConfigError
+from p2pfed.learn.held import ServerData
+from p2pfed.learn.tasks import CLASSIFICATION
 from p2pfed.learn.train import maml_first_order, one_step, state_of, train_epochs
 from p2pfed.methods.central import Update
 from p2pfed.methods.feddsmic import FedDSMICOptions, FedDSMICServer, MAMLInstructions, kl_to_centers
@@ -63,8 +66,10 @@ class LinearCoordinator(FakeCoordinator):
         m.load_state_dict(state)
         return m
 
-    def indicator_samples(self, per_class: int) -> torch.Tensor:
-        return torch.randn(3 * per_class, 4, generator=torch.Generator().manual_seed(1))
+    @property
+    def data(self) -> ServerData:  # 3 classes of 10 random inputs
+        x = torch.randn(30, 4, generator=torch.Generator().manual_seed(1))
+        return ServerData((4,), 3, CLASSIFICATION, x, np.arange(30) % 3, seed=0, set_aside=True)
 
 
 def test_random_initial_centers_place_each_node_by_kl_after_it_trains_its_own_first_model() -> None:
