@@ -31,7 +31,7 @@ from p2pfed.methods.perfedavg import PerFedAvgServer
 from p2pfed.methods.pfedlia.central import PFedLIACentralPaperServer, PFedLIACentralServer
 from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
 from p2pfed.methods.scaffold import ScaffoldServer
-from p2pfed.scenario.config import Moved, Scenario, load_scenario, source
+from p2pfed.scenario.config import Scenario, load_scenario, source
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
     LocalPeer, FedAvgPeer, OraclePeer, PFedLIAP2P, PFedLIAP2PPaper, DPSGD, Gossip, Epidemic)}
@@ -43,20 +43,6 @@ CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
 METHODS = (*CENTRAL, *REGISTRY)
 OPTIONS: dict[str, type[MethodOptions] | None] = {
     **{m: c.options_type for m, c in CENTRAL.items()}, **{m: c.options_type for m, c in REGISTRY.items()}}
-
-
-def _moved() -> Moved:
-    """Where each key of the former shared tables, [pfedlia] and [central], went: (table, key) -> every
-    (method, key) it is now (central.k is the k of each method with K cluster models)."""
-    moved: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for method, options in OPTIONS.items():
-        for old, new in (options.moved if options is not None else {}).items():
-            table, _, key = old.partition(".")
-            moved.setdefault((table, key), []).append((method, new))
-    return moved
-
-
-MOVED = _moved()
 
 
 def check_scenario(scenario: Scenario) -> None:
@@ -98,7 +84,7 @@ def check_method(name: str, scenario: Scenario, where: str = "--method") -> None
 def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:
     """A scenario file loaded (load_scenario: its tables and values) and checked against the methods: what a
     launcher runs. Errors name the file, as load_scenario's do."""
-    scenario = load_scenario(path, overrides, MOVED)
+    scenario = load_scenario(path, overrides)
     try:
         check_scenario(scenario)
     except ConfigError as exc:

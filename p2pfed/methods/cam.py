@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -123,7 +123,6 @@ class IFCACAMOptions(ClusteredOptions):
     models join."""
 
     warmup: int = 5
-    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.cam_warmup": "warmup"}
 
     def within(self, scenario: Scenario, where: str) -> None:
         super().within(scenario, where)
@@ -138,8 +137,6 @@ class FeSEMCAMOptions(ClusteredOptions):
 
     warmup: int = 5
     penalty: float = 0.01  # λ of Eq. 12
-    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.cam_warmup": "warmup",
-                                       "central.fesem_lambda": "penalty"}
 
     def validate(self, where: str) -> None:
         super().validate(where)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from sklearn.cluster import AgglomerativeClustering
@@ -44,7 +44,6 @@ class CFLOptions(MethodOptions):
     eps2: float = 1.6  # ... and max ||update|| > ε2
     warmup: int = 20  # no split before this round
     min_size: int = 2  # each half of a split has at least this many nodes
-    moved: ClassVar[dict[str, str]] = {f"central.cfl_{key}": key for key in ("eps1", "eps2", "warmup", "min_size")}
 
     def validate(self, where: str) -> None:
         if not (self.eps1 > 0 and self.eps2 > 0) or self.min_size < 1 or self.warmup < 0:

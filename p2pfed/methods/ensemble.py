@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -97,14 +97,12 @@ class EnsembleClient(ClientMethod):
 class EnsembleOptions(ClusteredOptions):
     """FedAvg+'s options, the scenario's [methods.fedavg-ensemble] table: K, the number of runs."""
 
-    moved: ClassVar[dict[str, str]] = {}  # new: never in a shared table
 
 
 @dataclass(frozen=True)
 class FedProxEnsembleOptions(EnsembleOptions, FedProxOptions):
     """FedProx+'s options, the scenario's [methods.fedprox-ensemble] table: K and FedProx's μ."""
 
-    moved: ClassVar[dict[str, str]] = {}
 
     def validate(self, where: str) -> None:
         EnsembleOptions.validate(self, where)

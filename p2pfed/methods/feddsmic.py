@@ -119,8 +119,6 @@ class FedDSMICOptions(ClusteredOptions):
     inner_lr: float = 0.01  # η of the inner step and of the personalisation step
     warmup: int = 5  # local epochs of a node that joins after the first clustering (§4.3: "a few")
     init: str = "kmeans"  # first centers: k-means on the first local models (ours), or "random" (the paper's)
-    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.indicator_per_class": "indicator_per_class",
-                                       "central.maml_inner_lr": "inner_lr", "central.cam_warmup": "warmup"}
 
     def validate(self, where: str) -> None:
         super().validate(where)
@@ -143,7 +141,6 @@ class PaperFedDSMICOptions(FedDSMICOptions):
     """feddsmic-paper's: feddsmic's table but the first centers, random (Algorithm 1) unless told otherwise."""
 
     init: str = "random"
-    moved: ClassVar[dict[str, str]] = {}
     base: ClassVar[str] = "feddsmic"
     own: ClassVar[frozenset[str]] = frozenset({"init"})
 

@@ -156,8 +156,6 @@ class FedFMOptions(MethodOptions):
     start: int = 20  # T_s: FedAvg before this round (the paper's 20)
     temperature: float = 0.1  # α of contrastive guiding
     uniform: bool = False  # average anchors uniformly (class counts stay private)
-    moved: ClassVar[dict[str, str]] = {"central.fedfm_lambda": "lam", "central.fedfm_start": "start",
-                                       "central.fedfm_temperature": "temperature", "central.fedfm_uniform": "uniform"}
 
     def validate(self, where: str) -> None:
         if not self.lam >= 0 or self.start < 0 or not self.temperature > 0:
@@ -170,7 +168,6 @@ class FedFMLiteOptions(FedFMOptions):
     """FedFM-Lite's options, the scenario's [methods.fedfm-lite] table: FedFM's and how often models travel."""
 
     every: int = 5  # a: models travel every a rounds (anchors every round)
-    moved: ClassVar[dict[str, str]] = {**FedFMOptions.moved, "central.fedfm_every": "every"}
 
     def validate(self, where: str) -> None:
         super().validate(where)

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -67,7 +67,6 @@ class FedFomoOptions(MethodOptions):
 
     m: int = 5  # models each node downloads per round
     epsilon: float = 0.3  # chance that a download slot picks a random node
-    moved: ClassVar[dict[str, str]] = {"central.fomo_m": "m", "central.fomo_epsilon": "epsilon"}
 
     def validate(self, where: str) -> None:
         if self.m < 1:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,7 +35,6 @@ class FedProtoOptions(MethodOptions):
     """FedProto's options, the scenario's [methods.fedproto] table."""
 
     lam: float = 1.0  # λ on the prototype distance (FL-bench's default)
-    moved: ClassVar[dict[str, str]] = {"central.proto_lambda": "lam"}  # [central] keys it once was
 
     def validate(self, where: str) -> None:
         if not self.lam >= 0:

@@ -5,7 +5,6 @@ which keeps heterogeneous clients near the global model. Server side it is FedAv
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
 
 from p2pfed.config import ConfigError
 from p2pfed.methods.baselines import FedAvgServer
@@ -18,7 +17,6 @@ class FedProxOptions(MethodOptions):
     """FedProx's options, the scenario's [methods.fedprox] table."""
 
     mu: float = 0.01  # μ of the proximal term
-    moved: ClassVar[dict[str, str]] = {"central.prox_mu": "mu"}  # [central] keys it once was
 
     def validate(self, where: str) -> None:
         if not self.mu >= 0:

@@ -11,7 +11,6 @@ is FedAvg there: the base method runs throughout, FM joins at T_s). The options 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from p2pfed.methods.fedfm import FedFMOptions, FedFMServer
 from p2pfed.methods.fedprox import FedProxOptions, FedProxServer
@@ -21,7 +20,6 @@ from p2pfed.methods.fedprox import FedProxOptions, FedProxServer
 class FedProxFMOptions(FedFMOptions, FedProxOptions):
     """FedProx + FM's options, the scenario's [methods.fedprox-fm] table: FedFM's and FedProx's μ."""
 
-    moved: ClassVar[dict[str, str]] = {}  # new: never in a shared table
 
     def validate(self, where: str) -> None:
         FedFMOptions.validate(self, where)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +57,6 @@ class FeSEMOptions(ClusteredOptions):
     penalty: float = 0.01  # λ of Eq. 7 (λ/m folded in)
     # the share of nodes training each round; 0: the scenario's (Long et al. 2023: 1.0)
     participation: float = 0.0
-    moved: ClassVar[dict[str, str]] = {**ClusteredOptions.moved, "central.fesem_lambda": "penalty"}
 
     def validate(self, where: str) -> None:
         super().validate(where)

@@ -4,8 +4,8 @@ the file. A method declares its options as a frozen dataclass deriving from ``Me
 a ``validate(where)`` of its values alone and, where a value must fit the scenario (a warm-up shorter than
 the run), a ``within(scenario, where)``.
 
-``moved`` names the keys of the former shared tables ``[pfedlia]`` and ``[central]`` that an options class
-took over, so that a file written for them gets one error saying where each went.
+Where the keys of the former shared tables ``[pfedlia]`` and ``[central]`` went is said in one place,
+scenario/migrate.py.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from p2pfed.scenario.config import Scenario
 class MethodOptions:
     """What a method's options dataclass provides besides its fields."""
 
-    # "table.key" it once was in a shared table -> its key here (e.g. "central.prox_mu": "mu")
-    moved: ClassVar[dict[str, str]] = {}
     # A variant of another method (pfedlia-p2p-paper of pfedlia-p2p) takes that method's table, but for the
     # keys in `own`, under its own: run side by side, the two differ only in what the variant is about.
     base: ClassVar[str] = ""
@@ -65,7 +63,6 @@ class ClusteredOptions(MethodOptions):
     # K; 0 takes the partition's number of clusters, the true one (Rokvic et al. 2025 gave FeSEM the true K;
     # FeSEM's paper, Long et al. 2023, picks K by trying several; IFCA's and CAM's are given it)
     k: int = 0
-    moved: ClassVar[dict[str, str]] = {"central.k": "k"}
 
     def validate(self, where: str) -> None:
         if self.k < 0:

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
-from p2pfed.methods import MOVED
 from p2pfed.report.records import read_json, read_records
 from p2pfed.report.results import line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
@@ -108,7 +107,7 @@ def other_settings(run_dir: Path, scenario: Scenario | None = None) -> tuple[Pat
     seed folder's run, with the settings that differ; None when they all hold one experiment."""
     folders = [p for p in seed_dirs(run_dir).values() if (p / "scenario.toml").exists()]
     for folder in folders:
-        theirs = load_scenario(folder / "scenario.toml", moved=MOVED)
+        theirs = load_scenario(folder / "scenario.toml")
         if scenario is None:
             scenario = theirs
         elif differ := scenario.differs_from(theirs, "seed"):

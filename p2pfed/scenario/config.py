@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,15 +20,12 @@ from p2pfed.learn.datasets import DATASETS, is_text
 from p2pfed.learn.labels import DATASET_OF
 from p2pfed.learn.models import MODELS, SEQUENCE_MODELS
 from p2pfed.learn.partition import PARTITIONS, PartitionOptions, Pathological
+from p2pfed.scenario.migrate import FORMER_TABLES, migrate
 from p2pfed.wire.messages import clip, is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
 ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/launch/adversary.py
 SCENARIO_TABLES = ("scenario", "data", "train", "mesh")
-# Where an option of a former shared table went, (table, key) -> every (method, its key in [methods.METHOD]):
-# declared by the methods (their options' ``moved``) and passed in by the launchers' loader, since this module
-# sits below them.
-Moved = Mapping[tuple[str, str], Sequence[tuple[str, str]]]
 
 
 @dataclass
@@ -267,7 +264,7 @@ class Scenario:
                                   f"{self.nodes - 1}), or leave via out for the bootstrap")
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str], former: Sequence[str] = ()) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Set TABLE.KEY=VALUE overrides (``p2pfed run --set``) in a scenario's TOML data, and
     methods.NAME.KEY=VALUE for a method's own table. VALUE is read as a TOML value (10, 0.5, true, ['a', 'b']:
     quote strings inside lists), else taken as a string; keys are checked when the scenario is validated (a key
@@ -280,7 +277,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], former: Sequ
         if not sep or len(path) != depth or not all(path):
             raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE (e.g. scenario.seed=1), "
                               f"data.partition.KEY=VALUE or methods.NAME.KEY=VALUE")
-        if path[0] not in (*SCENARIO_TABLES, "methods", *former):
+        if path[0] not in (*SCENARIO_TABLES, "methods", *FORMER_TABLES):
             raise ConfigError(f"--set {item!r}: unknown table [{path[0]}]; choose one of "
                               f"{', '.join(SCENARIO_TABLES)} or methods.NAME")
         try:
@@ -305,13 +302,12 @@ def write_scenario(data: dict[str, Any], path: Path, header: str) -> None:
     path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + tomli_w.dumps(data))
 
 
-def load_scenario(path: Path, overrides: Sequence[str] = (), moved: Moved | None = None) -> Scenario:
+def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
     """Read and validate a scenario TOML (with TABLE.KEY=VALUE overrides); errors name the file and key, and
-    a key in moved says where it went."""
-    moved = moved or {}
-    data = apply_overrides(read_toml(path), overrides, sorted({table for table, _ in moved}))
+    a key of a file from before 0.1 says where it went (scenario/migrate.py)."""
+    data = apply_overrides(read_toml(path), overrides)
     try:
-        _check_moved(data, moved)
+        migrate(data)
         flat = dict(data.pop("scenario", {}))
         for key in SCENARIO_TABLES[1:]:
             if key in data:
@@ -334,14 +330,6 @@ def load_scenario(path: Path, overrides: Sequence[str] = (), moved: Moved | None
     except ConfigError as exc:
         raise ConfigError(f"{source(path, overrides)}: {exc}") from None
     return scenario
-
-
-# [data] keys that are now the options of a partition, [data.partition] (renamed where the partition's
-# table makes a prefix redundant)
-_DATA_MOVED = {"clusters": "clusters", "alpha": "alpha", "extra_labels": "extra_labels", "extra_prob": "extra_prob",
-               "alpha_between": "alpha_between", "alpha_within": "alpha_within", "k_cluster": "k_cluster",
-               "k_client": "k_client", "dominant_classes": "classes", "dominant_share": "share",
-               "missing_classes": "classes"}
 
 
 def _partition_table(flat: dict[str, Any]) -> dict[str, Any]:
@@ -371,46 +359,6 @@ def _partition_of(table: dict[str, Any]) -> PartitionOptions:
                           f"{', '.join(sorted(known)) or 'none'}; to change the kind with --set, give the whole "
                           f"table: --set 'data.partition={{kind = \"{kind}\"}}')")
     return fill(PARTITIONS[kind], table, "data.partition.")
-
-
-def _check_moved(data: dict[str, Any], moved: Moved) -> None:
-    """Raise ConfigError naming, all at once, where each key of a former shared table went (a table left
-    empty goes too), and each [data] key that is now a partition's option."""
-    gone = []
-    keys = data.get("data")
-    if isinstance(keys, dict):
-        kind = keys.get("partition")
-        if isinstance(kind, str):
-            gone.append(f"data.partition is now a table: [data.partition] kind = {clip(kind, 40)}, with the "
-                        "partition's options")
-        # the file's partition (pathological when it named none) says whether each key is one of its options
-        options = PARTITIONS.get(kind if isinstance(kind, str) else "pathological")
-        known = {f.name for f in dataclasses.fields(options)} if options is not None else set()  # type: ignore[arg-type]
-        for key, new in _DATA_MOVED.items():
-            if key not in keys:
-                continue
-            if options is None or new in known:
-                gone.append(f"data.{key} is now data.partition.{new} ([data.partition] {new} = ...)")
-            else:
-                gone.append(f"data.{key} is not an option of the {options.kind} partition: drop it"
-                            + (" (a method with K models takes k in its own table)" if key == "clusters" else ""))
-    for table in sorted({table for table, _ in moved}):
-        keys = data.get(table)
-        if not isinstance(keys, dict):
-            continue
-        for key in keys:
-            now = moved.get((table, key))
-            if now is None:
-                gone.append(f"{table}.{key} is not a known key (the [{table}] table is gone: a method's options "
-                            f"are in its own [methods.NAME] table)")
-            else:
-                method, new = now[0]
-                where = ", ".join(f"methods.{m}.{k}" for m, k in now)
-                gone.append(f"{table}.{key} is now {where} ([methods.{method}] {new} = ...)")
-        if not keys:
-            gone.append(f"the [{table}] table is gone: a method's options are in its own [methods.NAME] table")
-    if gone:
-        raise ConfigError("; ".join(gone))
 
 
 def source(path: Path, overrides: Sequence[str] = ()) -> str:

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from p2pfed.config import ConfigError
-from p2pfed.methods import CENTRAL, MOVED, OPTIONS, REGISTRY, load_checked
+from p2pfed.methods import CENTRAL, OPTIONS, REGISTRY, load_checked
 from p2pfed.methods.feddsmic import FedDSMICOptions, PaperFedDSMICOptions, PaperFedDSOptions
 from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.pfedlia.options import PaperCentralOptions, PaperP2POptions
 from p2pfed.scenario.config import Scenario
+from p2pfed.scenario.migrate import FORMER
 
 # Every key the former [pfedlia] and [central] tables had (scenario/config.py before the move).
-FORMER = {
+KEYS = {
     "pfedlia": ["warmup_rounds", "lia_epochs", "lia_batch", "lia_lr", "gap"],
     "central": ["k", "fesem_lambda", "prox_mu", "cfl_eps1", "cfl_eps2", "cfl_warmup", "cfl_min_size",
                 "optics_min_samples", "optics_xi", "cam_warmup", "indicator_per_class", "maml_inner_lr",
@@ -28,8 +29,8 @@ BASE = "[scenario]\nnodes = 4\nrounds = 5\nmethods = {methods}\n[data]\npartitio
 
 
 def test_every_key_of_the_former_tables_went_to_a_field_of_each_method_that_reads_it() -> None:
-    assert sorted(MOVED) == sorted((table, key) for table, keys in FORMER.items() for key in keys)
-    for (table, key), targets in MOVED.items():
+    assert sorted(FORMER) == sorted((table, key) for table, keys in KEYS.items() for key in keys)
+    for (table, key), targets in FORMER.items():
         for method, new in targets:
             options = OPTIONS[method]
             assert options is not None and new in {f.name for f in dataclasses.fields(options)}, (table, key)

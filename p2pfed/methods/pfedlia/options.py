@@ -40,7 +40,6 @@ class P2POptions(InfluenceOptions):
 
     gap: float = 0.8  # influence/selection.py: below it, a node keeps every peer with positive influence
     selection: str = "ours"  # influence/selection.py: "paper" is plain 2-means, the higher group
-    moved: ClassVar[dict[str, str]] = {f"pfedlia.{key}": key for key in (*_PHASE, "gap")}
 
     def validate(self, where: str) -> None:
         super().validate(where)
@@ -56,7 +55,6 @@ class PaperP2POptions(P2POptions):
     """pFedLIA-p2p-paper's: pFedLIA-p2p's table but the rule, which is the paper's unless told otherwise."""
 
     selection: str = "paper"
-    moved: ClassVar[dict[str, str]] = {}
     base: ClassVar[str] = "pfedlia-p2p"
     own: ClassVar[frozenset[str]] = frozenset({"selection"})
 
@@ -69,9 +67,6 @@ class CentralOptions(InfluenceOptions):
     optics_min_samples: int = 3
     optics_xi: float = 0.05
     lia_timeout: float = 300.0  # every node scores every partial model: longer than a round's task
-    moved: ClassVar[dict[str, str]] = {
-        **{f"pfedlia.{key}": key for key in _PHASE},
-        **{f"central.{key}": key for key in ("optics_min_samples", "optics_xi", "lia_timeout")}}
 
     def validate(self, where: str) -> None:
         super().validate(where)
@@ -90,6 +85,5 @@ class PaperCentralOptions(CentralOptions):
     otherwise."""
 
     optics: str = "paper"
-    moved: ClassVar[dict[str, str]] = {}
     base: ClassVar[str] = "pfedlia-central"
     own: ClassVar[frozenset[str]] = frozenset({"optics"})
