@@ -22,7 +22,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from p2pfed.launch.runner import prepare_data
+from p2pfed.launch.runner import prepare_data, scenario_node
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE, SUSPECT
@@ -314,7 +314,7 @@ async def pair(tmp_path: Path, members: Members, method: str = "fedavg-p2p") -> 
     await honest.start("tcp://127.0.0.1:0", [boot.ticket])
     endpoint = members("n00", options=FAST)
     await endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
-    node = LearningNode(s, 0, method, dataset, partition, endpoint, tmp_path)
+    node = LearningNode(s, scenario_node(s, 0, dataset, partition), method, endpoint, tmp_path)
     await wait_until(lambda: states(endpoint).get("n1") == ALIVE and states(honest).get("n00") == ALIVE,
                      what="n1 and n00 known to each other")
     return node, honest
@@ -394,7 +394,7 @@ async def test_one_heartbeat_claiming_a_huge_round_does_not_make_nodes_skip(
     for i in range(3):
         endpoint = members(s.node_name(i), options=FAST)
         await endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
-        nodes.append(LearningNode(s, i, "fedavg-p2p", dataset, partition, endpoint, tmp_path))
+        nodes.append(LearningNode(s, scenario_node(s, i, dataset, partition), "fedavg-p2p", endpoint, tmp_path))
     await wait_until(lambda: all(len(n.live_peers()) == 2 for n in nodes), what="the mesh to form")
     rogue = rogue_of(transports)
 
@@ -497,7 +497,7 @@ async def learn(out: Path, members: Members, rogue: Rogue | None) -> dict[str, f
     for i in range(s.nodes):
         endpoint = members(s.node_name(i), options=options)
         await endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
-        nodes.append(LearningNode(s, i, "pfedlia-p2p", dataset, partition, endpoint, out))
+        nodes.append(LearningNode(s, scenario_node(s, i, dataset, partition), "pfedlia-p2p", endpoint, out))
     n00, n01, n02 = (n.endpoint for n in nodes[:3])
     forged = {k: torch.full_like(v, 3.0) for k, v in nodes[0].current_state().items()}
     attacks: list[str] = []  # each forgery's refusal

@@ -23,9 +23,14 @@ TERMS = sorted({*METHODS, *FAMILIES, "pfedlia", "per-fedavg", "lazy influence", 
 PATTERN = re.compile(r"(?<![\w-])(" + "|".join(re.escape(t) for t in TERMS) + r")(?![\w-])", re.IGNORECASE)
 
 
+# scenario/migrate.py is history, not a method's shape: where each setting of a file from before 0.1 went, by
+# method name. A new method never touches it.
+HISTORY = {ROOT / "scenario" / "migrate.py"}
+
+
 def test_no_generic_module_names_a_method() -> None:
     found = [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
-             for package in GENERIC for path in sorted((ROOT / package).rglob("*.py"))
+             for package in GENERIC for path in sorted((ROOT / package).rglob("*.py")) if path not in HISTORY
              for number, line in enumerate(path.read_text().splitlines(), 1)
              for match in [PATTERN.search(line)] if match]
     assert found == [], "\n".join(found)

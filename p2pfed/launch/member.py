@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import socket
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOIN_WAIT = 60.0  # seconds a learning node or coordinator waits to be welcomed before giving up
+
+
+def own_index(name: str) -> int:
+    """The number a node with its own data (no index into a shared dataset) seeds its training with: the same
+    for the same name on every machine and run, different for different names."""
+    return zlib.crc32(name.encode()) % 1_000_003
 
 
 def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario) -> None:
@@ -78,7 +85,8 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
     coordinator's tasks; a decentralized method makes them LearningNodes that run their own rounds."""
     import torch
 
-    from p2pfed.launch.runner import make_node, prepare_data, recipe_of
+    from p2pfed.launch.adversary import conduct_of
+    from p2pfed.launch.runner import make_node, prepare_data, recipe_of, scenario_node
     from p2pfed.methods import check_method, load_checked
 
     scenario = load_checked(scenario_path)
@@ -102,7 +110,8 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
             endpoints.append(endpoint)
             await endpoint.start(cfg.bind if len(indices) == 1 else "tcp://127.0.0.1:0", cfg.join,
                                  cfg.advertise or None)
-            node = make_node(scenario, index, method, dataset, partition, endpoint, out, coordinator=coordinator)
+            node = make_node(scenario, scenario_node(scenario, index, dataset, partition), method, endpoint, out,
+                             coordinator=coordinator, conduct=conduct_of(scenario, index))
             node.send_delay = send_delay
             nodes.append(node)
         if not await unless_stopped(stop, asyncio.gather(*(e.wait_joined(JOIN_WAIT) for e in endpoints))):
@@ -128,10 +137,9 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     from p2pfed.launch.runner import make_node, recipe_of
     from p2pfed.learn.datasets import is_text, load_dataset
     from p2pfed.learn.own import Split, expected_shape, load_own_data, load_own_text
-    from p2pfed.learn.partition import Partition, Shard
     from p2pfed.learn.text import vocabulary_of
     from p2pfed.methods import check_method, load_checked
-    from p2pfed.node.local import own_index
+    from p2pfed.node.local import LocalData, NodeData
 
     recipe = load_checked(recipe_path)
     if method is None and coordinator is None:
@@ -153,14 +161,19 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     check_model_takes(recipe.train.model, dataset, data_path)
     log.info("%s: own data %s: %d training, %d validation, %d test samples of %s, %d classes", name, data_path,
              len(train), len(val), len(test), shape, classes)
-    labels = sorted(set(dataset.y_train.tolist())) if dataset.y_train.dim() == 1 else []  # none for words
-    partition = Partition([Shard(train, val, test, labels)], [-1])
+    # its splits as the recipe caps a scenario's shards (data.max_train, data.max_val); no true cluster: nobody
+    # knows it
+    train = train[: recipe.data.max_train] if recipe.data.max_train else train
+    val = val[: recipe.data.max_val] if recipe.data.max_val else val
+    x, y = dataset.x_train, dataset.y_train
+    splits = LocalData(x[train], y[train], x[val], y[val], dataset.x_test[test], dataset.y_test[test])
     use_scenario_mesh(cfg, recipe)
     cfg.name = name
     out.mkdir(parents=True, exist_ok=True)
 
     async def learn(endpoint: Endpoint) -> None:
-        node = make_node(recipe, 0, method, dataset, partition, endpoint, out, coordinator=coordinator, name=name)
+        node = make_node(recipe, NodeData(name, own_index(name), splits, dataset), method, endpoint, out,
+                         coordinator=coordinator)
         await node.run(0, wait_for_peers=wait_for)
 
     await _joined(cfg, "node", recipe_of(recipe, method, dataset), stop, learn)

@@ -30,12 +30,16 @@ from p2pfed.launch.adversary import conduct_of
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
+from p2pfed.learn.train import round_seed
+from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.methods import is_central, load_checked
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
 from p2pfed.node.client import CentralNode
+from p2pfed.node.conduct import Conduct
 from p2pfed.node.learner import LearningNode
+from p2pfed.node.local import LocalData, NodeData
 from p2pfed.scenario.config import Scenario, apply_overrides, load_scenario, write_scenario
 
 log = logging.getLogger(__name__)
@@ -65,17 +69,38 @@ def keys_folder(out: Path) -> Path:
     return out / ".keys"
 
 
-def make_node(scenario: Scenario, index: int, method: str | None, dataset: Dataset, partition: Partition,
-              endpoint: Endpoint, out: Path, *, coordinator: str | None = None, name: str | None = None
-              ) -> LearningNode | CentralNode:
-    """The node that runs method: under a coordinator (a coordinated method, or none yet: the coordinator
-    tells it), else peer to peer; a scripted adversary of the scenario with its conduct."""
-    # a scripted adversary's conduct (a node with its own data is nobody's script)
-    conduct = conduct_of(scenario, index) if name is None else None
+def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Partition) -> LocalData:
+    """Node index's shard (training and validation samples capped at data.max_train and data.max_val when
+    set), its inputs seen through the shard's transform (feature-space clusters; the noise of each split seeded
+    by the scenario and the node)."""
+    shard = partition.shards[index]
+    train = shard.train[: scenario.data.max_train] if scenario.data.max_train else shard.train
+    val = shard.val[: scenario.data.max_val] if scenario.data.max_val else shard.val
+
+    def inputs(x: torch.Tensor, split: int) -> torch.Tensor:
+        if shard.transform == "none":
+            return x
+        # a seed of its own (round_seed(seed, index, r) seeds the node's training in round r)
+        return apply_transform(shard.transform, x, round_seed(scenario.seed, index, -1 - split))
+
+    return LocalData(inputs(dataset.x_train[train], 0), dataset.y_train[train], inputs(dataset.x_train[val], 1),
+                     dataset.y_train[val], inputs(dataset.x_test[shard.test], 2), dataset.y_test[shard.test])
+
+
+def scenario_node(scenario: Scenario, index: int, dataset: Dataset, partition: Partition) -> NodeData:
+    """What node index of a scenario learns from: its shard of the scenario's dataset, and every node's true
+    cluster (to report)."""
+    return NodeData(scenario.node_name(index), index, local_data(scenario, index, dataset, partition), dataset,
+                    {scenario.node_name(i): int(c) for i, c in enumerate(partition.true_cluster)})
+
+
+def make_node(scenario: Scenario, given: NodeData, method: str | None, endpoint: Endpoint, out: Path, *,
+              coordinator: str | None = None, conduct: Conduct | None = None) -> LearningNode | CentralNode:
+    """The node that runs method on what it was given: under a coordinator (a coordinated method, or none yet:
+    the coordinator tells it), else peer to peer; conduct: a scripted adversary's (launch/adversary.py)."""
     if method is None or is_central(method):
-        return CentralNode(scenario, index, method, dataset, partition, endpoint, out, coordinator=coordinator,
-                           name=name, conduct=conduct)
-    return LearningNode(scenario, index, method, dataset, partition, endpoint, out, name=name, conduct=conduct)
+        return CentralNode(scenario, given, method, endpoint, out, coordinator=coordinator, conduct=conduct)
+    return LearningNode(scenario, given, method, endpoint, out, conduct=conduct)
 
 
 def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:
@@ -146,7 +171,8 @@ class InProcessMesh:
                           recipe=recipe_of(self.scenario, self.method, self.dataset))
         await endpoint.start("tcp://127.0.0.1:0", [self.entry(via)])
         await endpoint.wait_joined(30)
-        node = make_node(self.scenario, index, self.method, self.dataset, self.partition, endpoint, self.out)
+        node = make_node(self.scenario, scenario_node(self.scenario, index, self.dataset, self.partition), self.method,
+                         endpoint, self.out, conduct=conduct_of(self.scenario, index))
         self.nodes[index] = node
         self.tasks[index] = asyncio.get_running_loop().create_task(
             self._run_node(node, start_round, wait_for), name=name)

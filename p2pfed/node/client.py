@@ -28,8 +28,6 @@ from pathlib import Path
 import torch
 
 from p2pfed.learn.checkpoint import load_own, refuse_old, save_atomic
-from p2pfed.learn.datasets import Dataset
-from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import state_of
 from p2pfed.methods import make_client
 from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
@@ -37,7 +35,7 @@ from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Change
 from p2pfed.net.waits import first_of
 from p2pfed.node.conduct import Conduct
-from p2pfed.node.local import LocalNode
+from p2pfed.node.local import LocalNode, NodeData
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, WireError
 
@@ -54,11 +52,10 @@ def finite(x: float) -> float | None:
 class CentralNode(LocalNode):
     """One node of a coordinated method: its shard, its model, and the answers to the coordinator."""
 
-    def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
-                 partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None,
-                 coordinator: str | None = None, name: str | None = None, conduct: Conduct | None = None) -> None:
-        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name,
-                         conduct=conduct)
+    def __init__(self, scenario: Scenario, given: NodeData, method: str | None, endpoint: Endpoint, out_dir: Path,
+                 state_dir: Path | None = None, *, coordinator: str | None = None,
+                 conduct: Conduct | None = None) -> None:
+        super().__init__(scenario, given, method, endpoint, out_dir, state_dir, conduct=conduct)
         self.client: ClientMethod | None = make_client(method, self, scenario) if method else None
         self.coordinator = coordinator
         self.send_delay = 0.0  # a scripted slow link: seconds before every answer

@@ -26,8 +26,6 @@ from typing import Any
 import torch
 
 from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
-from p2pfed.learn.datasets import Dataset
-from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import evaluate
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
@@ -36,7 +34,7 @@ from p2pfed.net.membership import ALIVE, JOINING, SUSPECT, Change
 from p2pfed.net.transport import DeliveryError
 from p2pfed.net.waits import first_of
 from p2pfed.node.conduct import Conduct
-from p2pfed.node.local import LocalNode
+from p2pfed.node.local import LocalNode, NodeData
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire import Message, ModelIn, NoteIn, WireError, check_tensors
 from p2pfed.wire.messages import cut
@@ -60,11 +58,9 @@ def names(peers: dict[str, Any] | set[str]) -> str:
 class LearningNode(LocalNode):
     """One node of a scenario: trains its shard and exchanges models through its endpoint."""
 
-    def __init__(self, scenario: Scenario, index: int, method: str, dataset: Dataset, partition: Partition,
-                 endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *, name: str | None = None,
-                 conduct: Conduct | None = None) -> None:
-        super().__init__(scenario, index, method, dataset, partition, endpoint, out_dir, state_dir, name=name,
-                         conduct=conduct)
+    def __init__(self, scenario: Scenario, given: NodeData, method: str, endpoint: Endpoint, out_dir: Path,
+                 state_dir: Path | None = None, *, conduct: Conduct | None = None) -> None:
+        super().__init__(scenario, given, method, endpoint, out_dir, state_dir, conduct=conduct)
         self.method = make_method(method, self, scenario)
         self.inbox: dict[tuple[str, int], dict[str, ModelIn | NoteIn]] = {}
         self.kept: dict[str, dict[str, torch.Tensor]] = {}

@@ -1,8 +1,9 @@
-"""What both node kinds share: a scenario's node with its own data, its model, its device and its records.
+"""What both node kinds share: a node with its data, its model, its device and its records.
 
 A learning node (learner.py, peer to peer) and a node under a coordinator (client.py) differ in who steers
-their rounds; the shard they train on, the seeded model they start from, a scripted member's poisoned data, the
-copy of a model trained on a batch and the look at the validation split are the same, and live here once.
+their rounds; the data they train on (given by their launcher: NodeData), the seeded model they start from, a
+scripted member's poisoned data, the copy of a model trained on a batch and the look at the validation split
+are the same, and live here once.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +23,6 @@ from p2pfed.learn.checkpoint import SUFFIX
 from p2pfed.learn.datasets import Dataset
 from p2pfed.learn.export import CARD, ModelCard
 from p2pfed.learn.models import build_model
-from p2pfed.learn.partition import Partition
 from p2pfed.learn.train import (
     Evaluation,
     distance_penalty,
@@ -34,7 +33,6 @@ from p2pfed.learn.train import (
     train_copy,
     train_epochs,
 )
-from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.progress import Progress
 from p2pfed.node.conduct import Conduct
@@ -61,45 +59,33 @@ class LocalData:
         return len(self.y_train)
 
 
-def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Partition) -> LocalData:
-    """Node index's shard (training and validation samples capped at data.max_train and data.max_val when
-    set), its inputs seen through the shard's transform (feature-space clusters; the noise of each split seeded
-    by the scenario and the node)."""
-    shard = partition.shards[index]
-    train = shard.train[: scenario.data.max_train] if scenario.data.max_train else shard.train
-    val = shard.val[: scenario.data.max_val] if scenario.data.max_val else shard.val
+@dataclass(frozen=True)
+class NodeData:
+    """What a node is given to learn from, by its launcher: its splits, what they are, and the number its
+    training is seeded with. A scenario's node gets its shard of the scenario's dataset (launch/runner.py:
+    scenario_node); a node with its own data (``p2pfed node --data``) gets that data, split on its machine."""
 
-    def inputs(x: torch.Tensor, split: int) -> torch.Tensor:
-        if shard.transform == "none":
-            return x
-        # a seed of its own (round_seed(seed, index, r) seeds the node's training in round r)
-        return apply_transform(shard.transform, x, round_seed(scenario.seed, index, -1 - split))
-
-    return LocalData(inputs(dataset.x_train[train], 0), dataset.y_train[train], inputs(dataset.x_train[val], 1),
-                     dataset.y_train[val], inputs(dataset.x_test[shard.test], 2), dataset.y_test[shard.test])
-
-
-def own_index(name: str) -> int:
-    """The number a node with its own data (no index into a shared dataset) seeds its training with: the same
-    for the same name on every machine and run, different for different names."""
-    return zlib.crc32(name.encode()) % 1_000_003
+    name: str
+    index: int  # the number its training is seeded with: its index in a scenario, a hash of its name with own data
+    splits: LocalData
+    # what its data is: the input shape, the classes, the task and the inputs' standardisation (its model card's)
+    dataset: Dataset
+    # every node's true cluster, where a scenario knows them (to report); none with own data (nobody knows them)
+    true_clusters: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 class LocalNode:
-    """Node index of a scenario: its shard (as its conduct has it: honest, or a scripted member's), its model from the
+    """A node with its data (as its conduct has it: honest, or a scripted member's), its model from the
     scenario's seeded weights (the same on every node: the shared initial model averaging needs), its device
-    and task, its metrics file and its checkpoint's path.
+    and task, its metrics file and its checkpoint's path. The scenario is its settings (training, model,
+    seed); its data is what it was given (NodeData), whether a scenario's shard or its own."""
 
-    A node with its own data (``p2pfed node --data``) is given its name, a dataset of its own data alone and a
-    partition of one shard (true cluster unknown, -1); it has no index into anyone's data."""
-
-    def __init__(self, scenario: Scenario, index: int, method: str | None, dataset: Dataset,
-                 partition: Partition, endpoint: Endpoint, out_dir: Path, state_dir: Path | None = None, *,
-                 name: str | None = None, conduct: Conduct | None = None) -> None:
+    def __init__(self, scenario: Scenario, given: NodeData, method: str | None, endpoint: Endpoint, out_dir: Path,
+                 state_dir: Path | None = None, *, conduct: Conduct | None = None) -> None:
         self.scenario = scenario
-        self.shard = 0 if name else index  # its shard of the partition
-        self.index = own_index(name) if name else index
-        self.name = name or scenario.node_name(index)
+        self.index = given.index
+        self.name = given.name
+        dataset = given.dataset
         self.endpoint = endpoint
         self.method_name = method
         self.seed = scenario.seed
@@ -108,9 +94,8 @@ class LocalNode:
         self.task = dataset.task
         # how it treats its peers: honestly, unless its launcher scripted otherwise (node/conduct.py)
         self.conduct = conduct or Conduct()
-        self.data = self.conduct.data(local_data(scenario, self.shard, dataset, partition), dataset.num_classes)
-        # the scenario's true clusters, to report; none for a node with its own data (nobody knows them)
-        self.true_clusters = {} if name else {scenario.node_name(i): c for i, c in enumerate(partition.true_cluster)}
+        self.data = self.conduct.data(given.splits, dataset.num_classes)
+        self.true_clusters = dict(given.true_clusters)
         self.model = build_model(self.cfg.model, dataset.input_shape, dataset.num_classes, seed=scenario.seed)
         self.reference = state_of(self.model)
         self.metrics_path = out_dir / f"{self.name}.jsonl"

@@ -17,7 +17,7 @@ import torch
 
 from p2pfed.config import ConfigError
 from p2pfed.coordinator.server import Coordinator
-from p2pfed.launch.runner import make_coordinator, mesh_options, prepare_data, run_scenario
+from p2pfed.launch.runner import make_coordinator, mesh_options, prepare_data, run_scenario, scenario_node
 from p2pfed.learn.partition import server_samples
 from p2pfed.methods import load_checked
 from p2pfed.methods.central import Instructions, Task, pack
@@ -71,7 +71,7 @@ def test_a_restarted_coordinator_resumes_from_its_checkpoint(tmp_path: Path) -> 
         for i in range(3):
             endpoint = Endpoint(scenario.node_name(i), options=options)
             await endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
-            nodes.append(CentralNode(scenario, i, None, dataset, partition, endpoint, out))
+            nodes.append(CentralNode(scenario, scenario_node(scenario, i, dataset, partition), None, endpoint, out))
         runs = [asyncio.ensure_future(n.run()) for n in nodes]
         endpoint, first = await coordinator(boot.ticket)
         task = asyncio.ensure_future(first.run(wait_for=3))

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from p2pfed.config import ConfigError
+from p2pfed.launch.runner import local_data
 from p2pfed.learn.datasets import load_dataset
 from p2pfed.learn.partition import make_partition
 from p2pfed.learn.transforms import Step, apply, parse
-from p2pfed.node.local import local_data
 from p2pfed.scenario.config import load_scenario
 
 NOISE_7 = [-0.4101, 0.1978, 0.4495, -0.6942]  # the first row of noise:0.5 drawn with seed 7

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from p2pfed.config import ConfigError
-from p2pfed.launch.runner import prepare_data
+from p2pfed.launch.runner import prepare_data, scenario_node
 from p2pfed.learn.train import evaluate, maml_first_order, one_step, state_of
 from p2pfed.methods import load_checked
 from p2pfed.methods.central import pack, unpack
@@ -98,7 +98,8 @@ def test_the_options_table_and_set_overrides_reach_the_method(tmp_path: Path) ->
 def central_node(tmp_path: Path, members: Callable[..., Endpoint], table: str) -> CentralNode:
     scenario = load_checked(scenario_file(tmp_path, table))
     dataset, partition = prepare_data(scenario)
-    node = CentralNode(scenario, 1, None, dataset, partition, members("n01", options=MeshOptions()), tmp_path)
+    given = scenario_node(scenario, 1, dataset, partition)
+    node = CentralNode(scenario, given, None, members("n01", options=MeshOptions()), tmp_path)
     node.endpoint.peers.heard_from("coord", "tcp://127.0.0.1:9", "coordinator", 1, "", 0)
     return node
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from p2pfed.config import ConfigError
-from p2pfed.launch.runner import prepare_data
+from p2pfed.launch.runner import prepare_data, scenario_node
 from p2pfed.learn.checkpoint import load_own, save_atomic
 from p2pfed.learn.train import train_epochs
 from p2pfed.methods import load_checked
@@ -174,7 +174,8 @@ def test_an_option_that_cannot_work_is_named_with_its_file_and_key(tmp_path: Pat
 def central_node(tmp_path: Path, members: Callable[..., Endpoint], method: str | None) -> CentralNode:
     scenario = load_checked(scenario_file(tmp_path))
     dataset, partition = prepare_data(scenario)
-    node = CentralNode(scenario, 1, method, dataset, partition, members("n01", options=MeshOptions()), tmp_path)
+    given = scenario_node(scenario, 1, dataset, partition)
+    node = CentralNode(scenario, given, method, members("n01", options=MeshOptions()), tmp_path)
     node.endpoint.peers.heard_from("coord", "tcp://127.0.0.1:9", "coordinator", 1, "", 0)
     return node
 

@@ -12,7 +12,7 @@ import torch
 
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.launch.adversary import conduct_of
-from p2pfed.launch.runner import prepare_data
+from p2pfed.launch.runner import prepare_data, scenario_node
 from p2pfed.learn.train import state_of, train_copy
 from p2pfed.methods.central import pack, unpack
 from p2pfed.methods.pfedlia.central import PFedLIACentralServer
@@ -32,7 +32,8 @@ def central_node(tmp_path: Path, members: Callable[..., Endpoint], adversary: st
         path.write_text(path.read_text() + f'\n[[adversaries]]\nnode = 1\nkind = "{adversary}"\n')
     scenario = load_scenario(path)
     dataset, partition = prepare_data(scenario)
-    node = CentralNode(scenario, 1, None, dataset, partition, members("n01", options=MeshOptions()), tmp_path,
+    given = scenario_node(scenario, 1, dataset, partition)
+    node = CentralNode(scenario, given, None, members("n01", options=MeshOptions()), tmp_path,
                        conduct=conduct_of(scenario, 1))
     node.endpoint.peers.heard_from("coord", "tcp://127.0.0.1:9", "coordinator", 1, "", 0)
     return node

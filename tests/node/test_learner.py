@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from p2pfed.launch.adversary import conduct_of
-from p2pfed.launch.runner import prepare_data
+from p2pfed.launch.runner import prepare_data, scenario_node
 from p2pfed.learn.checkpoint import CheckpointError, load_own
 from p2pfed.learn.tasks import Classification
 from p2pfed.learn.train import evaluate, weighted_average
@@ -51,7 +51,8 @@ def scenario(tmp_path: Path) -> Scenario:
 
 def node(s: Scenario, members: Callable[..., Endpoint], out: Path) -> LearningNode:
     dataset, partition = prepare_data(s)
-    return LearningNode(s, 1, "pfedlia-p2p", dataset, partition, members("n01", options=MeshOptions()), out)
+    given = scenario_node(s, 1, dataset, partition)
+    return LearningNode(s, given, "pfedlia-p2p", members("n01", options=MeshOptions()), out)
 
 
 def records(out: Path) -> list[dict]:
@@ -163,8 +164,8 @@ def fedavg_node(out: Path, members: Callable[..., Endpoint], participation: floa
     path.write_text(text + (f'[[adversaries]]\nnode = 1\nkind = "{adversary}"\n' if adversary else ""))
     s = load_scenario(path)
     dataset, partition = prepare_data(s)
-    return LearningNode(s, 1, "fedavg-p2p", dataset, partition, members("n01", options=MeshOptions()), out,
-                        conduct=conduct_of(s, 1))
+    given = scenario_node(s, 1, dataset, partition)
+    return LearningNode(s, given, "fedavg-p2p", members("n01", options=MeshOptions()), out, conduct=conduct_of(s, 1))
 
 
 def heard(n: LearningNode, peer: str, rnd: int = 0) -> None:
