@@ -215,7 +215,7 @@ async def test_heartbeats_forging_a_members_address_and_a_future_incarnation_evi
     boot, (a, b) = await mesh(members, 2)
     changes: list[tuple[str, str | None, str]] = []
     for m in (boot, b):
-        m.on_change.append(lambda c, m=m: changes.append((m.name, c.old, c.new)) if c.name == "n0" else None)
+        m.serve(on_change=lambda c, m=m: changes.append((m.name, c.old, c.new)) if c.name == "n0" else None)
     rogue = rogue_of(transports)
     forged = {**identity(rogue), "address": a.address, "incarnation": a.incarnation + 590 * 10**9}
     refused = 0

@@ -67,7 +67,7 @@ class Coordinator:
         self.metrics_path = out_dir / "coordinator.jsonl"
         self.checkpoint_path = (state_dir or out_dir) / f"coordinator{SUFFIX}"
         # its status tells its grouping of the nodes (p2pfed dashboard)
-        endpoint.progress = Progress(method, groups=lambda: self.method.clusters()).body
+        endpoint.serve(progress=Progress(method, groups=lambda: self.method.clusters()).body)
 
     # -- what a server-side method may use (methods/central.py: ServerContext) -------------------
     def build(self, seed: int) -> dict[str, torch.Tensor]:

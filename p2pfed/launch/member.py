@@ -41,15 +41,15 @@ def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario) -> None:
     cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh, insecure=insecure)
 
 
-def make_endpoint(cfg: NodeConfig, role: str) -> Endpoint:
-    """Build (not start) the endpoint a configuration describes."""
+def make_endpoint(cfg: NodeConfig, role: str, recipe: str = "") -> Endpoint:
+    """Build (not start) the endpoint a configuration describes, advertising recipe."""
     name = cfg.name or ("bootstrap" if role == "bootstrap" else socket.gethostname())
     keys = None
     if not cfg.mesh.insecure:  # the default: this member's own key pair, made on its first start
         keys = security.member_keys(Path(cfg.keys).expanduser() if cfg.keys else security.default_key_home(), name)
     options, transport = cfg.mesh.endpoint_options()
     return Endpoint(name, role, options=options, keys=keys, join_key=cfg.join_key or None,
-                    transport_options=transport)
+                    transport_options=transport, recipe=recipe)
 
 
 async def run_member(
@@ -105,8 +105,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
     try:
         for index in indices:
             cfg.name = scenario.node_name(index)
-            endpoint = make_endpoint(cfg, "node")
-            endpoint.recipe = recipe_of(scenario, method, dataset)
+            endpoint = make_endpoint(cfg, "node", recipe_of(scenario, method, dataset))
             endpoints.append(endpoint)
             await endpoint.start(cfg.bind if len(indices) == 1 else "tcp://127.0.0.1:0", cfg.join,
                                  cfg.advertise or None)
@@ -199,8 +198,7 @@ async def _joined(cfg: NodeConfig, role: str, recipe: str, stop: asyncio.Event,
                   work: Callable[[Endpoint], Awaitable[None]]) -> None:
     """Start the member cfg describes (advertising recipe), join, run work(endpoint) until it ends or stop is
     set, and stop the member whatever happens."""
-    endpoint = make_endpoint(cfg, role)
-    endpoint.recipe = recipe
+    endpoint = make_endpoint(cfg, role, recipe)
     await endpoint.start(cfg.bind, cfg.join, cfg.advertise or None)
     try:
         if await unless_stopped(stop, endpoint.wait_joined(JOIN_WAIT)):

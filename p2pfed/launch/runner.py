@@ -58,9 +58,7 @@ def member(scenario: Scenario, method: str, name: str, out: Path, role: str = "n
     still itself), unless the scenario's mesh is insecure."""
     options, transport = scenario.mesh_for(method).endpoint_options()
     keys = None if options.insecure else security.member_keys(keys_folder(out), name)
-    endpoint = Endpoint(name, role, options=options, keys=keys, transport_options=transport)
-    endpoint.recipe = recipe
-    return endpoint
+    return Endpoint(name, role, options=options, keys=keys, transport_options=transport, recipe=recipe)
 
 
 def keys_folder(out: Path) -> Path:

@@ -27,7 +27,7 @@ import random
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -37,7 +37,7 @@ from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, P
 from p2pfed.net.throttle import LogLimiter, remember
 from p2pfed.net.transport import BadAddress, DeliveryError, Handler, Refusal, Transport, TransportOptions
 from p2pfed.net.waits import first_of
-from p2pfed.wire import Message, TryLater, WireError
+from p2pfed.wire import NO_REPLY, SCHEMAS, Message, TryLater, WireError
 from p2pfed.wire.messages import LEARNING, MAX_PEERS_LISTED, SchemaError, check_address, check_value
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class MeshOptions:
 
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
+MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req"})  # what the endpoint answers itself
 OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
@@ -111,8 +112,14 @@ class Endpoint:
         keys: security.Keys | None = None,
         join_key: str | None = None,
         transport_options: TransportOptions | None = None,
+        recipe: str = "",
     ) -> None:
+        """recipe: the fingerprint of what this member trains (Scenario.fingerprint), which a member of another
+        recipe is refused for; "" for a member that trains nothing (a bootstrap) or does not know yet (a node told
+        its method by its coordinator, which sets it then). What the member does with the messages it takes, and
+        with changes of its peers, it gives once, through serve()."""
         self.name = name
+        self.recipe = recipe
         self.role = role
         self.options = options or MeshOptions()
         if self.options.insecure:
@@ -131,11 +138,11 @@ class Endpoint:
             me=name, suspect_after=self.options.suspect_after * hb, dead_after=self.options.dead_after * hb, period=hb,
             max_peers=self.options.max_peers,
         )
-        self.handlers: dict[str, Handler] = {}
+        self._handlers: dict[str, Handler] = {}
         # members refused for training another recipe: name -> their fingerprint (the last few), so a node that
         # waits for peers can say why none came
         self.other_recipes: OrderedDict[str, str] = OrderedDict()
-        self.on_change: list[Callable[[Change], None]] = []
+        self._on_change: list[Callable[[Change], None]] = []
         self.changed = asyncio.Event()
         self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options,
                                    mesh=self.options.mesh)
@@ -229,10 +236,31 @@ class Endpoint:
         # Give the goodbyes up to half a second to reach the wire before the sockets close.
         await self.transport.close(linger_ms=500 if sent else 0)
 
-    # -- talking to peers ------------------------------------------------------------------------
-    recipe = ""  # the fingerprint of what this member trains (Scenario.fingerprint); "": none (a bootstrap)
+    # -- what the member's runtime attaches ------------------------------------------------------
     # what a learning member adds to its status (wire LEARNING: its curve, its choice), None if it learns nothing
     progress: Callable[[], dict[str, Any]] | None = None
+
+    def serve(self, handlers: Mapping[str, Handler] | None = None, on_change: Callable[[Change], None] | None = None,
+              progress: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Attach what the member's runtime does (a node's, a coordinator's): a handler for each message type it
+        takes beyond membership, a callback for each change of a peer's state, and what its status tells of its
+        learning. A runtime and the layers it builds on (a node and its kind) may each serve their part; a message
+        type served twice, a membership type or a second progress is refused (ValueError): one member, one
+        answer to each message."""
+        for mtype, handler in (handlers or {}).items():
+            if mtype not in SCHEMAS or mtype in NO_REPLY or mtype in MEMBERSHIP:
+                raise ValueError(f"{self.name}: {mtype!r} is not a message type a member's runtime answers")
+            if mtype in self._handlers:
+                raise ValueError(f"{self.name}: {mtype} messages are served already")
+            self._handlers[mtype] = handler
+        if on_change is not None:
+            self._on_change.append(on_change)
+        if progress is not None:
+            if self.progress is not None:
+                raise ValueError(f"{self.name}: its learning progress is served already")
+            self.progress = progress
+
+    # -- talking to peers ------------------------------------------------------------------------
 
     def identity(self) -> dict[str, Any]:
         """This member as the IDENTITY schema carries it."""
@@ -452,7 +480,7 @@ class Endpoint:
         verb = {ALIVE: "is alive", SUSPECT: "is silent (suspect)", DEAD: "is dead", LEFT: "left",
                 "rejoined": "restarted and rejoined"}.get(change.new, change.new)
         log.info("%s: peer %s %s", self.name, change.name, verb)
-        for callback in self.on_change:
+        for callback in self._on_change:
             callback(change)
         self.changed.set()
         self.changed = asyncio.Event()
@@ -515,7 +543,7 @@ class Endpoint:
         change = self.peers.touched(msg.sender)
         if change:
             self._changed(change)
-        handler = self.handlers.get(mtype)
+        handler = self._handlers.get(mtype)
         if handler is None:
             raise WireError(f"{self.role} {self.name} does not take {mtype} messages")
         return await handler(msg)

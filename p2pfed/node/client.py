@@ -64,8 +64,7 @@ class CentralNode(LocalNode):
         self.final_recorded = False  # the finish task came (the coordinator may leave before finished is set)
         self.coordinator_left = asyncio.Event()
         self.method_state: dict[str, torch.Tensor] = {}  # a restored node side's state, until its method is known
-        endpoint.handlers["task"] = self._on_task
-        endpoint.on_change.append(self._on_peer_change)
+        endpoint.serve({"task": self._on_task}, self._on_peer_change)
 
     # -- what a ClientMethod may use besides what every node offers (node/local.py) -----------------
     async def train_copy(self, start: dict[str, torch.Tensor], samples: int, epochs: int, lr: float

@@ -68,8 +68,8 @@ class LearningNode(LocalNode):
         self.arrivals = asyncio.Event()
         self.send_delay = 0.0
         self.out_dir = out_dir
-        endpoint.handlers.update({"model": self._on_model, "request": self._on_request, "note": self._on_note})
-        endpoint.on_change.append(self._on_peer_change)
+        endpoint.serve({"model": self._on_model, "request": self._on_request, "note": self._on_note},
+                       self._on_peer_change)
         self.background: set[asyncio.Task[None]] = set()
 
     # -- what peer-to-peer methods may use besides what every node offers (methods/base.py: PeerContext) ----

@@ -103,7 +103,7 @@ class LocalNode:
         self.card = ModelCard.of(self.cfg.model, dataset, scenario.data.class_names, node=self.name,
                                  method=method or "")
         self.progress = Progress(method or "")
-        endpoint.progress = self.progress.body  # its status tells its curve and choice (p2pfed dashboard)
+        endpoint.serve(progress=self.progress.body)  # its status tells its curve and choice (p2pfed dashboard)
 
     @property
     def round(self) -> int:

@@ -63,12 +63,12 @@ async def test_a_live_mesh_is_seen_through_its_members_statuses(members: Callabl
     for name in ("n0", "n1", "n2", "liar"):
         nodes[name] = members(name, options=FAST)
         await nodes[name].start("tcp://127.0.0.1:0", [boot.ticket])
-    nodes["n0"].progress = learned("pfedlia-p2p", ["n1"], {"n1": 0.5, "n2": -0.25},
-                                   [(0, 0.5, 2.0), (1, 0.75, math.nan), (1, 0.8, 1.0)]).body
-    nodes["n1"].progress = learned("pfedlia-p2p", ["n0"], {"n0": 0.4}, [(0, 0.6, 1.5)]).body
+    nodes["n0"].serve(progress=learned("pfedlia-p2p", ["n1"], {"n1": 0.5, "n2": -0.25},
+                                       [(0, 0.5, 2.0), (1, 0.75, math.nan), (1, 0.8, 1.0)]).body)
+    nodes["n1"].serve(progress=learned("pfedlia-p2p", ["n0"], {"n0": 0.4}, [(0, 0.6, 1.5)]).body)
     # n2 names a member nobody knows: not drawn (a member could name a thousand)
-    nodes["n2"].progress = learned("pfedlia-p2p", ["ghost"], {"ghost": 1.0}, [(0, 0.3, 2.2)]).body
-    nodes["liar"].progress = learned("pfedlia-p2p", ["n0"], {}, [(0, 0.5, 1.0)]).body
+    nodes["n2"].serve(progress=learned("pfedlia-p2p", ["ghost"], {"ghost": 1.0}, [(0, 0.3, 2.2)]).body)
+    nodes["liar"].serve(progress=learned("pfedlia-p2p", ["n0"], {}, [(0, 0.5, 1.0)]).body)
     forging(monkeypatch, "liar")  # its status breaks the wire's bounds on arrival: refused by the watcher
     await wait_until(lambda: len(boot.peers.live()) == 4, what="all four alive at the bootstrap")
     watcher = MeshWatcher(boot.ticket, every=0.2)
@@ -197,6 +197,6 @@ async def test_a_status_is_answered_even_when_the_progress_it_would_tell_is_brok
         members: Callable[..., Endpoint]) -> None:
     boot = members("bootstrap", "bootstrap", options=FAST)
     await boot.start("tcp://127.0.0.1:0")
-    boot.progress = lambda: {"method": "x", "rounds": [-1]}  # a bug: a negative round, keys missing
+    boot.serve(progress=lambda: {"method": "x", "rounds": [-1]})  # a bug: a negative round, keys missing
     reply = await query_status(boot.ticket, timeout=5)
     assert reply.body["name"] == "bootstrap" and "learning" not in reply.body

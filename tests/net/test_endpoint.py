@@ -73,7 +73,7 @@ async def test_mesh_forms_and_a_killed_node_is_noticed_within_a_few_heartbeats(m
     await wait_until(lambda: all(states(n)["n0"] == DEAD for n in [boot, *nodes[1:]]), timeout=10, what="n0 dead")
     # the others carry on: still alive to each other, requests still delivered
     assert all(states(n)[m.name] == ALIVE for n in nodes[1:] for m in nodes[1:] if m is not n)
-    nodes[2].handlers["control"] = ack
+    nodes[2].serve({"control": ack})
     assert (await nodes[1].request("n2", ping(nodes[1]), 5)).body["ok"]
     with pytest.raises(DeliveryError, match="n0 is not a live peer"):
         await nodes[1].request("n0", ping(nodes[1]), 1)
@@ -170,7 +170,7 @@ async def test_keyed_mesh_admits_allowed_keys_and_refuses_others(members: Make, 
     # an allowed key cannot speak for another member: bob (allowed) claims to be alice
     bob = members("alice", options=FAST, keys=security.load_keys(keyring / "bob"))
     await bob.start("tcp://127.0.0.1:0")
-    boot.handlers["control"] = ack
+    boot.serve({"control": ack})
     assert boot.keys is not None
     with pytest.raises(DeliveryError, match="not alice's"):
         await bob.transport.request(boot.address, ping(bob), 5, boot.keys.public)
@@ -227,7 +227,7 @@ async def test_a_request_to_a_peer_that_dies_fails_when_it_is_declared_dead_not_
         await asyncio.Event().wait()
         return None
 
-    n1.handlers["control"] = never
+    n1.serve({"control": never})
     pending = asyncio.ensure_future(n0.request("n1", ping(n0), 60))
     await asyncio.sleep(0.2)
     await n1.stop(leave=False)  # it dies while n0 waits for its answer
@@ -259,14 +259,12 @@ async def test_members_that_train_different_recipes_refuse_each_other_naming_bot
     n0.recipe = "a" * 16
     await wait_until(lambda: states(boot).get("n0") == ALIVE, what="n0 alive")
     # joining through a member that trains another recipe ends the join with a line naming both fingerprints
-    odd = members("odd", options=dataclasses.replace(FAST, join_timeout=0.5))
-    odd.recipe = "b" * 16
+    odd = members("odd", options=dataclasses.replace(FAST, join_timeout=0.5), recipe="b" * 16)
     await odd.start("tcp://127.0.0.1:0", [n0.ticket])
     with pytest.raises(JoinError, match=f"odd trains recipe {'b' * 16}, this member .n0. trains recipe {'a' * 16}"):
         await odd.wait_joined(30)
     # through the bootstrap it joins, but neither takes the other as a peer (no model of the wrong shape flows)
-    late = members("late", options=FAST)
-    late.recipe = "b" * 16
+    late = members("late", options=FAST, recipe="b" * 16)
     await late.start("tcp://127.0.0.1:0", [boot.ticket])
     await late.wait_joined(10)
     await asyncio.sleep(20 * FAST.heartbeat)
@@ -322,7 +320,7 @@ async def test_acknowledgements_travel_in_the_members_mesh(members: Make) -> Non
     options = dataclasses.replace(FAST, mesh="lab")
     _, (n0, n1) = await start_mesh(members, 2, options=options)
     await wait_until(lambda: states(n0).get("n1") == ALIVE, what="n1 alive to n0")
-    n1.handlers["control"] = ack
+    n1.serve({"control": ack})
     reply = await n0.request("n1", ping(n0), 5)
     assert reply.body["ok"] and reply.mesh == "lab" and reply.sender == "n1"  # not the default mesh
 
@@ -342,3 +340,19 @@ async def test_a_member_started_right_after_another_of_this_process_stopped_is_r
     while time.monotonic() < deadline:
         assert states(again)["bootstrap"] == ALIVE, "the bootstrap fell silent for the restarted n0"
         await asyncio.sleep(0.05)
+
+
+async def test_a_runtime_serves_each_message_type_once_and_never_a_membership_type(members: Make) -> None:
+    async def answer(msg: Message) -> None:
+        return None
+
+    member = members("n0")
+    member.serve({"model": answer}, progress=lambda: {})
+    member.serve({"note": answer})  # a node's kind serves its part beside what every node serves
+    with pytest.raises(ValueError, match="model messages are served already"):
+        member.serve({"model": answer})
+    for mtype in ("heartbeat", "hello", "ack", "welcome", "no-such-type"):
+        with pytest.raises(ValueError, match="is not a message type a member's runtime answers"):
+            member.serve({mtype: answer})
+    with pytest.raises(ValueError, match="progress is served already"):
+        member.serve(progress=lambda: {})
