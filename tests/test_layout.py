@@ -28,11 +28,16 @@ PATTERN = re.compile(r"(?<![\w-])(" + "|".join(re.escape(t) for t in TERMS) + r"
 HISTORY = {ROOT / "scenario" / "migrate.py"}
 
 
+def named(pattern: re.Pattern[str], packages: tuple[str, ...], skip: set[Path] | None = None) -> list[str]:
+    """Each line of a module of packages (but skip) that pattern matches, as path:line: match."""
+    return [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
+            for package in packages for path in sorted((ROOT / package).rglob("*.py")) if path not in (skip or set())
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            for match in [pattern.search(line)] if match]
+
+
 def test_no_generic_module_names_a_method() -> None:
-    found = [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
-             for package in GENERIC for path in sorted((ROOT / package).rglob("*.py")) if path not in HISTORY
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             for match in [PATTERN.search(line)] if match]
+    found = named(PATTERN, GENERIC, HISTORY)
     assert found == [], "\n".join(found)
 
 
@@ -69,10 +74,7 @@ ADVERSARY = re.compile(r"adversar|free.rider|noise.model|label.flip|flip_labels|
 
 
 def test_no_node_coordinator_or_network_module_names_an_adversary() -> None:
-    found = [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
-             for package in ("node", "coordinator", "net") for path in sorted((ROOT / package).rglob("*.py"))
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             for match in [ADVERSARY.search(line)] if match]
+    found = named(ADVERSARY, ("node", "coordinator", "net"))
     assert found == [], "\n".join(found)
     assert ADVERSARY.search('if self.adversary == "free-rider":') and ADVERSARY.search("noise_like(state, seed)")
 
@@ -85,10 +87,7 @@ CAPABILITY = re.compile(r"indicator|et al\.|\bpapers?\b|prototyp|anchor|maml|ser
 
 
 def test_no_node_coordinator_or_network_module_names_a_papers_capability() -> None:
-    found = [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
-             for package in ("node", "coordinator", "net") for path in sorted((ROOT / package).rglob("*.py"))
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             for match in [CAPABILITY.search(line)] if match]
+    found = named(CAPABILITY, ("node", "coordinator", "net"))
     assert found == [], "\n".join(found)
     assert CAPABILITY.search("def indicator_samples(self, per_class: int)")
     assert CAPABILITY.search("# the protocol of Ye et al. 2023") and CAPABILITY.search('task.meta.get("maml")')
