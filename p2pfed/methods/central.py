@@ -70,6 +70,12 @@ class Instructions:
         values: dict[str, Any] = {k: float(v) if isinstance(cls.SPEC[k], Num) else v for k, v in meta.items()}
         return cls(**values)
 
+    @classmethod
+    def of(cls, how: Instructions) -> Self:
+        """how as this type: itself if it is one (what a node read with its method's type), else its fields read
+        as this type's (a task built in process with the base type, say); WireError for a field it lacks."""
+        return how if isinstance(how, cls) else cls.read(how.wire())
+
 
 @dataclass
 class Task:

@@ -85,8 +85,7 @@ class FedDSMICClient(ClientMethod):
     instructions = MAMLInstructions
 
     def _how(self, task: Task) -> MAMLInstructions:
-        assert isinstance(task.instructions, MAMLInstructions)  # the node read them with this class's type
-        return task.instructions
+        return MAMLInstructions.of(task.instructions)
 
     async def train(self, task: Task) -> tuple[Update, int]:
         if not self._how(task).maml or not task.candidates or len(task.candidates) > 1:

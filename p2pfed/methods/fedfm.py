@@ -100,8 +100,7 @@ class FedFMClient(ClientMethod):
     instructions = FMInstructions
 
     def _how(self, task: Task) -> FMInstructions:
-        assert isinstance(task.instructions, FMInstructions)  # the node read them with this class's type
-        return task.instructions
+        return FMInstructions.of(task.instructions)
 
     async def compute(self, task: Task) -> Update:
         if len(task.candidates) != 1:

@@ -90,6 +90,9 @@ def test_instructions_a_node_does_not_know_or_out_of_bounds_are_refused(meta: di
 
 
 def test_a_method_reads_its_own_instructions_and_refuses_a_value_outside_them() -> None:
+    assert FMInstructions.of(Instructions(penalty=0.5)) == FMInstructions(penalty=0.5)  # a base task in process
+    kept = MAMLInstructions(maml=True)
+    assert MAMLInstructions.of(kept) is kept
     with pytest.raises(WireError, match="loss must be one of cg, l2"):
         FMInstructions.read({"loss": "mse"})
     with pytest.raises(WireError, match="personalise must be an integer in"):
