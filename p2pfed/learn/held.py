@@ -19,7 +19,7 @@ from p2pfed.learn.partition import server_samples
 from p2pfed.learn.tasks import LearningTask
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # it holds tensors: compared by identity, never by value
 class ServerData:
     """The data a coordinator holds: labelled training samples a method's server may use, and a test set."""
 

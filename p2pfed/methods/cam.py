@@ -39,6 +39,8 @@ from torch import nn
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, weighted_average
 from p2pfed.methods.central import (
+    MAX_EPOCHS,
+    MAX_PENALTY,
     ClientMethod,
     Instructions,
     ServerMethod,
@@ -140,8 +142,9 @@ class FeSEMCAMOptions(ClusteredOptions):
 
     def validate(self, where: str) -> None:
         super().validate(where)
-        if self.warmup < 1 or not self.penalty >= 0:
-            raise ConfigError(f"{where}warmup must be >= 1 and penalty >= 0 (got {self.warmup}, {self.penalty})")
+        if not 1 <= self.warmup <= MAX_EPOCHS or not 0 <= self.penalty <= MAX_PENALTY:
+            raise ConfigError(f"{where}warmup must be in [1, {MAX_EPOCHS}] and penalty in [0, {MAX_PENALTY:g}] (got "
+                              f"{self.warmup}, {self.penalty})")
 
 
 class CAMServer(ServerMethod):

@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+# What a task may ask of a node, and so what a method's options may set that travels in one (checked with the
+# options, so a scenario that loads never has its tasks refused by every node)
+MAX_PENALTY = 1e6
+MAX_EPOCHS = 10_000
+
+
 @dataclass(frozen=True)
 class Instructions:
     """How a node carries out a task, typed. The fields travel as the task's meta map; the node reads them back
@@ -54,7 +60,7 @@ class Instructions:
     epochs: int = 0  # local epochs of this task; 0: the round's (a method's warm-up may ask for more)
     validate: bool = False  # eval: the model's accuracy on the node's validation split too (val_accuracy)
 
-    SPEC: ClassVar[dict[str, Any]] = {"penalty": Num(0.0, 1e6), "epochs": Int(0, 10_000), "validate": bool}
+    SPEC: ClassVar[dict[str, Any]] = {"penalty": Num(0.0, MAX_PENALTY), "epochs": Int(0, MAX_EPOCHS), "validate": bool}
 
     def wire(self) -> dict[str, Any]:
         """The fields that differ from their defaults: the task's meta map."""

@@ -52,7 +52,7 @@ from torch.nn import functional as F
 
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import Evaluation, maml_first_order, personalise, state_of, weighted_average
-from p2pfed.methods.central import ClientMethod, Instructions, ServerMethod, Task, Update, kmeans_groups
+from p2pfed.methods.central import MAX_EPOCHS, ClientMethod, Instructions, ServerMethod, Task, Update, kmeans_groups
 from p2pfed.methods.options import ClusteredOptions
 from p2pfed.scenario.config import Scenario
 from p2pfed.wire.messages import Int
@@ -121,8 +121,9 @@ class FedDSMICOptions(ClusteredOptions):
 
     def validate(self, where: str) -> None:
         super().validate(where)
-        if self.indicator_per_class < 1 or not self.inner_lr > 0 or self.warmup < 1:
-            raise ConfigError(f"{where}indicator_per_class must be >= 1, inner_lr > 0 and warmup >= 1 (got "
+        if self.indicator_per_class < 1 or not self.inner_lr > 0 or not 1 <= self.warmup <= MAX_EPOCHS:
+            raise ConfigError(f"{where}indicator_per_class must be >= 1, inner_lr > 0 and warmup in [1, "
+                              f"{MAX_EPOCHS}] (got "
                               f"{self.indicator_per_class}, {self.inner_lr}, {self.warmup})")
         if self.init not in ("kmeans", "random"):
             raise ConfigError(f"{where}init must be kmeans or random (got {self.init[:40]!r})")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from p2pfed.config import ConfigError
 from p2pfed.methods.baselines import FedAvgServer
-from p2pfed.methods.central import Task
+from p2pfed.methods.central import MAX_PENALTY, Task
 from p2pfed.methods.options import MethodOptions
 
 
@@ -19,8 +19,8 @@ class FedProxOptions(MethodOptions):
     mu: float = 0.01  # μ of the proximal term
 
     def validate(self, where: str) -> None:
-        if not self.mu >= 0:
-            raise ConfigError(f"{where}mu must be >= 0 (got {self.mu})")
+        if not 0 <= self.mu <= MAX_PENALTY:
+            raise ConfigError(f"{where}mu must be in [0, {MAX_PENALTY:g}] (got {self.mu})")
 
 
 class FedProxServer(FedAvgServer):

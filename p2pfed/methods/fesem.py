@@ -35,6 +35,7 @@ import torch
 from p2pfed.config import ConfigError
 from p2pfed.learn.train import weighted_average
 from p2pfed.methods.central import (
+    MAX_PENALTY,
     ServerMethod,
     Task,
     Update,
@@ -60,8 +61,8 @@ class FeSEMOptions(ClusteredOptions):
 
     def validate(self, where: str) -> None:
         super().validate(where)
-        if not self.penalty >= 0:
-            raise ConfigError(f"{where}penalty must be >= 0 (got {self.penalty})")
+        if not 0 <= self.penalty <= MAX_PENALTY / 2:  # it travels doubled (coef/2·||·||² = λ·||·||²)
+            raise ConfigError(f"{where}penalty must be in [0, {MAX_PENALTY / 2:g}] (got {self.penalty})")
         if not 0 <= self.participation <= 1:
             raise ConfigError(f"{where}participation must be in [0, 1] (0: the scenario's; got {self.participation})")
 

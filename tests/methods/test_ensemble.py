@@ -184,7 +184,7 @@ def scenario_file(tmp_path: Path, method: str, table: str = "", partition: str =
     ("fedavg-ensemble", "k = -1", "methods.fedavg-ensemble.k must be >= 0"),
     ("fedavg-ensemble", "k = 5", "methods.fedavg-ensemble.k (5) must not exceed scenario.nodes (4)"),
     ("fedavg-ensemble", "mu = 0.1", "methods.fedavg-ensemble.mu is not a known key (known: k)"),
-    ("fedprox-ensemble", "mu = -0.1", "methods.fedprox-ensemble.mu must be >= 0 (got -0.1)"),
+    ("fedprox-ensemble", "mu = -0.1", "methods.fedprox-ensemble.mu must be in [0, 1e+06] (got -0.1)"),
     ("fedprox-ensemble", "k = -1", "methods.fedprox-ensemble.k must be >= 0"),
 ])
 def test_an_option_that_cannot_work_is_named_with_its_file_and_key(tmp_path: Path, method: str, table: str,

@@ -71,7 +71,7 @@ def scenario_file(tmp_path: Path, table: str) -> Path:
 
 
 @pytest.mark.parametrize(("table", "message"), [
-    ("mu = -1", "methods.fedprox-fm.mu must be >= 0 (got -1.0)"),
+    ("mu = -1", "methods.fedprox-fm.mu must be in [0, 1e+06] (got -1.0)"),
     ("lam = -1", "methods.fedprox-fm.lam and start must be >= 0 and temperature > 0"),
     ("every = 2", "methods.fedprox-fm.every is not a known key (known: lam, mu, start, temperature, uniform)"),
 ])

@@ -66,11 +66,16 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["methods.pfedlia-p2p.lia_batch=0"], "methods.pfedlia-p2p.lia_epochs, lia_batch and lia_lr must be positive"),
     (["methods.pfedlia-p2p.gap=1.5"], "methods.pfedlia-p2p.gap must be in [0, 1] (got 1.5)"),
     (["methods.fesem.k=-1"], "methods.fesem.k must be >= 0 (0: the partition's clusters; got -1)"),
-    (["methods.fesem.penalty=-1"], "methods.fesem.penalty must be >= 0 (got -1.0)"),
+    (["methods.fesem.penalty=-1"], "methods.fesem.penalty must be in [0, 500000] (got -1.0)"),
+    # what travels in a task must fit the bounds a node reads it with: no scenario has its tasks refused
+    (["methods.fesem.penalty=6e5"], "methods.fesem.penalty must be in [0, 500000] (got 600000.0)"),
+    (["methods.fedprox.mu=2e6"], "methods.fedprox.mu must be in [0, 1e+06] (got 2000000.0)"),
+    (["methods.feddsmic.warmup=20000"], "warmup in [1, 10000] (got 10, 0.01, 20000)"),
     (["scenario.methods=['fesem']", "methods.fesem.k=9"], "methods.fesem.k (9) must not exceed scenario.nodes (4)"),
     (["scenario.methods=['ifca-cam']", "methods.ifca-cam.warmup=5"],
      "methods.ifca-cam.warmup (5) must be in [0, scenario.rounds = 5): the warm-up would leave no round"),
-    (["methods.fesem-cam.warmup=0"], "methods.fesem-cam.warmup must be >= 1 and penalty >= 0 (got 0, 0.01)"),
+    (["methods.fesem-cam.warmup=0"],
+     "methods.fesem-cam.warmup must be in [1, 10000] and penalty in [0, 1e+06] (got 0, 0.01)"),
     (["methods.cfl.eps2=0"], "methods.cfl.eps1 and eps2 must be > 0, min_size >= 1 and warmup >= 0"),
     (["methods.pfedlia-central.optics_min_samples=1"],
      "methods.pfedlia-central.optics_min_samples must be >= 2 and optics_xi in (0, 1) (got 1, 0.05)"),
@@ -79,9 +84,9 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["methods.fedfm-lite.every=0"], "methods.fedfm-lite.every must be >= 1 (got 0)"),
     (["methods.fedfm-l2.temperature=0"], "methods.fedfm-l2.lam and start must be >= 0 and temperature > 0"),
     (["methods.feddsmic.indicator_per_class=0"], "methods.feddsmic.indicator_per_class must be >= 1, inner_lr > 0"),
-    (["methods.fedds.inner_lr=0"], "methods.fedds.indicator_per_class must be >= 1, inner_lr > 0 and warmup >= 1 "
-     "(got 10, 0.0, 5)"),
-    (["methods.fedprox.mu=-0.1"], "methods.fedprox.mu must be >= 0 (got -0.1)"),
+    (["methods.fedds.inner_lr=0"], "methods.fedds.indicator_per_class must be >= 1, inner_lr > 0 and warmup in "
+     "[1, 10000] (got 10, 0.0, 5)"),
+    (["methods.fedprox.mu=-0.1"], "methods.fedprox.mu must be in [0, 1e+06] (got -0.1)"),
     (["methods.fedavg.mu=0.1"], "[methods.fedavg]: fedavg has no options"),
     (["methods.fesem.kk=2"], "methods.fesem.kk is not a known key (known: k, participation, penalty)"),
     # the former shared tables: each key says where it went, to every method that has it now
