@@ -23,11 +23,6 @@ TERMS = sorted({*METHODS, *FAMILIES, "pfedlia", "per-fedavg", "lazy influence", 
 PATTERN = re.compile(r"(?<![\w-])(" + "|".join(re.escape(t) for t in TERMS) + r")(?![\w-])", re.IGNORECASE)
 
 
-# scenario/migrate.py is history, not a method's shape: where each setting of a file from before 0.1 went, by
-# method name. A new method never touches it.
-HISTORY = {ROOT / "scenario" / "migrate.py"}
-
-
 def named(pattern: re.Pattern[str], packages: tuple[str, ...], skip: set[Path] | None = None) -> list[str]:
     """Each line of a module of packages (but skip) that pattern matches, as path:line: match."""
     return [f"{path.relative_to(ROOT.parent)}:{number}: {match.group(0)}"
@@ -37,7 +32,7 @@ def named(pattern: re.Pattern[str], packages: tuple[str, ...], skip: set[Path] |
 
 
 def test_no_generic_module_names_a_method() -> None:
-    found = named(PATTERN, GENERIC, HISTORY)
+    found = named(PATTERN, GENERIC)
     assert found == [], "\n".join(found)
 
 

@@ -33,6 +33,7 @@ from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.learn.train import round_seed
 from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.methods import is_central, load_checked
+from p2pfed.methods.former import FORMER
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
@@ -496,7 +497,7 @@ def prepare_run(path: Path, out: Path | None, methods: list[str] | None = None,
         scenario.methods = methods
     out = out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if (out / "scenario.toml").exists():  # adding methods to a run folder: only to a run of the same scenario
-        differ = scenario.differs_from(load_scenario(out / "scenario.toml"))
+        differ = scenario.differs_from(load_scenario(out / "scenario.toml", former=FORMER))
         if differ:
             raise ConfigError(f"{out} holds a run of another scenario ({', '.join(differ)} differ); its report "
                               "would mix the two: choose another --out")

@@ -24,6 +24,7 @@ from p2pfed.methods.fedproto import FedProtoServer
 from p2pfed.methods.fedprox import FedProxServer
 from p2pfed.methods.fedprox_fm import FedProxFMServer
 from p2pfed.methods.fesem import FeSEMServer
+from p2pfed.methods.former import FORMER
 from p2pfed.methods.gossip import Gossip
 from p2pfed.methods.ifca import IFCAServer
 from p2pfed.methods.options import MethodOptions, options_of
@@ -84,7 +85,7 @@ def check_method(name: str, scenario: Scenario, where: str = "--method") -> None
 def load_checked(path: Path, overrides: Sequence[str] = ()) -> Scenario:
     """A scenario file loaded (load_scenario: its tables and values) and checked against the methods: what a
     launcher runs. Errors name the file, as load_scenario's do."""
-    scenario = load_scenario(path, overrides)
+    scenario = load_scenario(path, overrides, FORMER)
     try:
         check_scenario(scenario)
     except ConfigError as exc:

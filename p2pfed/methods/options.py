@@ -4,8 +4,8 @@ the file. A method declares its options as a frozen dataclass deriving from ``Me
 a ``validate(where)`` of its values alone and, where a value must fit the scenario (a warm-up shorter than
 the run), a ``within(scenario, where)``.
 
-Where the keys of the former shared tables ``[pfedlia]`` and ``[central]`` went is said in one place,
-scenario/migrate.py.
+Where the keys of the former shared tables ``[pfedlia]`` and ``[central]`` went is one table,
+methods/former.py, which scenario/migrate.py reads a file from before 0.1 against.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
+from p2pfed.methods.former import FORMER
 from p2pfed.report.records import read_json, read_records
 from p2pfed.report.results import line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
@@ -107,7 +108,7 @@ def other_settings(run_dir: Path, scenario: Scenario | None = None) -> tuple[Pat
     seed folder's run, with the settings that differ; None when they all hold one experiment."""
     folders = [p for p in seed_dirs(run_dir).values() if (p / "scenario.toml").exists()]
     for folder in folders:
-        theirs = load_scenario(folder / "scenario.toml")
+        theirs = load_scenario(folder / "scenario.toml", former=FORMER)
         if scenario is None:
             scenario = theirs
         elif differ := scenario.differs_from(theirs, "seed"):

@@ -20,7 +20,7 @@ from p2pfed.learn.datasets import DATASETS, is_text
 from p2pfed.learn.labels import DATASET_OF
 from p2pfed.learn.models import MODELS, SEQUENCE_MODELS
 from p2pfed.learn.partition import PARTITIONS, PartitionOptions, Pathological
-from p2pfed.scenario.migrate import FORMER_TABLES, migrate
+from p2pfed.scenario.migrate import Former, migrate, tables
 from p2pfed.wire.messages import clip, is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
@@ -264,7 +264,7 @@ class Scenario:
                                   f"{self.nodes - 1}), or leave via out for the bootstrap")
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], former: Sequence[str] = ()) -> dict[str, Any]:
     """Set TABLE.KEY=VALUE overrides (``p2pfed run --set``) in a scenario's TOML data, and
     methods.NAME.KEY=VALUE for a method's own table. VALUE is read as a TOML value (10, 0.5, true, ['a', 'b']:
     quote strings inside lists), else taken as a string; keys are checked when the scenario is validated (a key
@@ -277,7 +277,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if not sep or len(path) != depth or not all(path):
             raise ConfigError(f"--set {item!r}: expected TABLE.KEY=VALUE (e.g. scenario.seed=1), "
                               f"data.partition.KEY=VALUE or methods.NAME.KEY=VALUE")
-        if path[0] not in (*SCENARIO_TABLES, "methods", *FORMER_TABLES):
+        if path[0] not in (*SCENARIO_TABLES, "methods", *former):
             raise ConfigError(f"--set {item!r}: unknown table [{path[0]}]; choose one of "
                               f"{', '.join(SCENARIO_TABLES)} or methods.NAME")
         try:
@@ -302,12 +302,14 @@ def write_scenario(data: dict[str, Any], path: Path, header: str) -> None:
     path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + tomli_w.dumps(data))
 
 
-def load_scenario(path: Path, overrides: Sequence[str] = ()) -> Scenario:
+def load_scenario(path: Path, overrides: Sequence[str] = (), former: Former | None = None) -> Scenario:
     """Read and validate a scenario TOML (with TABLE.KEY=VALUE overrides); errors name the file and key, and
-    a key of a file from before 0.1 says where it went (scenario/migrate.py)."""
-    data = apply_overrides(read_toml(path), overrides)
+    a key of a file from before 0.1 says where it went (scenario/migrate.py; former: where the keys of the former
+    shared tables went, methods/former.py, which the launchers' loader passes)."""
+    former = former or {}
+    data = apply_overrides(read_toml(path), overrides, tables(former))
     try:
-        migrate(data)
+        migrate(data, former)
         flat = dict(data.pop("scenario", {}))
         for key in SCENARIO_TABLES[1:]:
             if key in data:

@@ -13,9 +13,9 @@ from p2pfed.config import ConfigError
 from p2pfed.methods import CENTRAL, OPTIONS, REGISTRY, load_checked
 from p2pfed.methods.feddsmic import FedDSMICOptions, PaperFedDSMICOptions, PaperFedDSOptions
 from p2pfed.methods.fesem import FeSEMServer
+from p2pfed.methods.former import FORMER
 from p2pfed.methods.pfedlia.options import PaperCentralOptions, PaperP2POptions
 from p2pfed.scenario.config import Scenario
-from p2pfed.scenario.migrate import FORMER
 
 # Every key the former [pfedlia] and [central] tables had (scenario/config.py before the move).
 KEYS = {
