@@ -55,7 +55,6 @@ class Coordinator:
         self.seed = scenario.seed
         self.fraction = self.cfg.participation
         self.clusters_hint = scenario.data.clusters
-        self._shape = (data.input_shape, data.num_classes)
         self.data = data
         self._template: nn.Module | None = None
         self.initial = self.build(scenario.seed)  # the seeded initial model every node also builds
@@ -72,7 +71,7 @@ class Coordinator:
     # -- what a server-side method may use (methods/central.py: ServerContext) -------------------
     def build(self, seed: int) -> dict[str, torch.Tensor]:
         """A freshly initialised model of the scenario's architecture."""
-        return state_of(build_model(self.cfg.model, self._shape[0], self._shape[1], seed=seed))
+        return state_of(build_model(self.cfg.model, self.data.input_shape, self.data.num_classes, seed=seed))
 
     def true_cluster_of(self, name: str) -> int:
         return self.true.get(name, -1)
@@ -80,7 +79,7 @@ class Coordinator:
     def module(self, state: dict[str, torch.Tensor]) -> nn.Module:
         """The scenario's architecture with state loaded (for server-side inference)."""
         if self._template is None:  # one instance, reloaded: server-side inference runs one call at a time
-            self._template = build_model(self.cfg.model, self._shape[0], self._shape[1], seed=self.seed)
+            self._template = build_model(self.cfg.model, self.data.input_shape, self.data.num_classes, seed=self.seed)
         self._template.load_state_dict(state)
         return self._template.eval()
 
@@ -203,7 +202,7 @@ class Coordinator:
         """The served model's accuracy on the test set the coordinator holds, recorded with the nodes' mean
         validation accuracy of the same model, by which the report picks the best round."""
         x, y = test
-        module = build_model(self.cfg.model, self._shape[0], self._shape[1], seed=self.seed)
+        module = build_model(self.cfg.model, self.data.input_shape, self.data.num_classes, seed=self.seed)
         module.load_state_dict(served)  # its own instance: the test runs in a thread while the loop goes on
         ev = await asyncio.to_thread(evaluate, module, x, y, pick_device(self.cfg.device), task=self.data.task)
         val = sum(validated) / len(validated) if validated else None

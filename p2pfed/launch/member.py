@@ -133,7 +133,7 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     stop is set. Its method: method, else the coordinator's, else the recipe's first. Its data is checked
     against the recipe before it joins; only models ever leave it."""
 
-    from p2pfed.launch.runner import make_node, recipe_of
+    from p2pfed.launch.runner import capped, make_node, recipe_of
     from p2pfed.learn.datasets import is_text, load_dataset
     from p2pfed.learn.own import Split, expected_shape, load_own_data, load_own_text
     from p2pfed.learn.text import vocabulary_of
@@ -162,8 +162,7 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
              len(train), len(val), len(test), shape, classes)
     # its splits as the recipe caps a scenario's shards (data.max_train, data.max_val); no true cluster: nobody
     # knows it
-    train = train[: recipe.data.max_train] if recipe.data.max_train else train
-    val = val[: recipe.data.max_val] if recipe.data.max_val else val
+    train, val = capped(recipe, train, val)
     x, y = dataset.x_train, dataset.y_train
     splits = LocalData(x[train], y[train], x[val], y[val], dataset.x_test[test], dataset.y_test[test])
     use_scenario_mesh(cfg, recipe)

@@ -68,13 +68,19 @@ def keys_folder(out: Path) -> Path:
     return out / ".keys"
 
 
+def capped(scenario: Scenario, train: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A node's training and validation indices, the first data.max_train and data.max_val of them when set
+    (scarce-data runs): a scenario's shard and a node's own data alike."""
+    return (train[: scenario.data.max_train] if scenario.data.max_train else train,
+            val[: scenario.data.max_val] if scenario.data.max_val else val)
+
+
 def local_data(scenario: Scenario, index: int, dataset: Dataset, partition: Partition) -> LocalData:
     """Node index's shard (training and validation samples capped at data.max_train and data.max_val when
     set), its inputs seen through the shard's transform (feature-space clusters; the noise of each split seeded
     by the scenario and the node)."""
     shard = partition.shards[index]
-    train = shard.train[: scenario.data.max_train] if scenario.data.max_train else shard.train
-    val = shard.val[: scenario.data.max_val] if scenario.data.max_val else shard.val
+    train, val = capped(scenario, shard.train, shard.val)
 
     def inputs(x: torch.Tensor, split: int) -> torch.Tensor:
         if shard.transform == "none":
