@@ -148,9 +148,9 @@ def test_the_readme_example_of_a_method_that_runs_both_ways_is_the_code_it_shows
     page = (ROOT / "README.md").read_text()
     section = page[page.index("## Write your own method"):page.index("## Results")]
     blocks = [b for lang, b in FENCE.findall(section) if lang == "python"]
-    code = (ROOT / "p2pfed" / "methods" / "baselines.py").read_text()
-    assert len(blocks) == 3 and all(block.strip() in code for block in blocks)
-    assert {"oracle", "oracle-p2p"} <= set(METHODS)
+    code = (ROOT / "p2pfed" / "methods" / "fedprox.py").read_text()
+    assert len(blocks) == 1 and blocks[0].strip() in code
+    assert {"fedprox", "fedprox-p2p"} <= set(METHODS)
 
 
 @pytest.mark.parametrize("name", ["quickstart", "compare-digits"])

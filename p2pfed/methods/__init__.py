@@ -21,7 +21,7 @@ from p2pfed.methods.feddsmic import FedDSMICPaperServer, FedDSMICServer, FedDSPa
 from p2pfed.methods.fedfm import FedFML2Server, FedFMLiteServer, FedFMServer
 from p2pfed.methods.fedfomo import FedFomoServer
 from p2pfed.methods.fedproto import FedProtoServer
-from p2pfed.methods.fedprox import FedProxServer
+from p2pfed.methods.fedprox import FedProxPeer, FedProxServer
 from p2pfed.methods.fedprox_fm import FedProxFMServer
 from p2pfed.methods.fesem import FeSEMServer
 from p2pfed.methods.former import FORMER
@@ -35,7 +35,7 @@ from p2pfed.methods.scaffold import ScaffoldServer
 from p2pfed.scenario.config import Scenario, load_scenario, source
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
-    LocalPeer, FedAvgPeer, OraclePeer, PFedLIAP2P, PFedLIAP2PPaper, DPSGD, Gossip, Epidemic)}
+    LocalPeer, FedAvgPeer, OraclePeer, FedProxPeer, PFedLIAP2P, PFedLIAP2PPaper, DPSGD, Gossip, Epidemic)}
 CENTRAL: dict[str, type[ServerMethod]] = {m.name: m for m in (
     FedAvgServer, FedProxServer, LocalServer, OracleServer, FeSEMServer, IFCAServer, CFLServer,
     PFedLIACentralServer, PFedLIACentralPaperServer, IFCACAMServer, FeSEMCAMServer, FedFomoServer, FedProtoServer,

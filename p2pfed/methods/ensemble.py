@@ -45,7 +45,7 @@ from torch.nn import functional as F
 from p2pfed.learn.train import Evaluation, distance_penalty, state_of, weighted_average
 from p2pfed.methods.baselines import FedAvgServer
 from p2pfed.methods.central import ClientMethod, ServerContext, Task, Update
-from p2pfed.methods.fedprox import FedProxOptions, FedProxServer
+from p2pfed.methods.fedprox import FedProxOptions, ProxTasks
 from p2pfed.methods.options import ClusteredOptions
 from p2pfed.wire import WireError
 
@@ -159,8 +159,8 @@ class FedAvgEnsembleServer(FedAvgServer):
         return None  # what it serves is the soft vote of K models, not one model a server could test alone
 
 
-class FedProxEnsembleServer(FedProxServer, FedAvgEnsembleServer):
-    """FedProx+: FedAvg+ whose train tasks carry FedProx's μ (FedProxServer's train_task on the K members)."""
+class FedProxEnsembleServer(ProxTasks, FedAvgEnsembleServer):
+    """FedProx+: FedAvg+ whose train tasks carry FedProx's μ (to each of the K members' own start)."""
 
     name = "fedprox-ensemble"
     options_type = FedProxEnsembleOptions

@@ -1,15 +1,19 @@
-"""FedProx (Li et al., 2020): FedAvg whose local objective adds the proximal term μ/2·||w − w_global||²,
-which keeps heterogeneous clients near the global model. Server side it is FedAvg. Options:
-``[methods.fedprox]`` ``mu`` (μ, default 0.01)."""
+"""FedProx (Li et al., 2020): FedAvg whose local objective adds the proximal term μ/2·||w − w_start||², which
+keeps heterogeneous nodes near the model they start a round from. One strategy, run either way: ``fedprox``
+with a coordinator (w_start: the global model the node is sent) and ``fedprox-p2p`` peer to peer (w_start: the
+node's model after its last averaging with its peers, our choice where the paper, which has a server, is
+silent: it is what the node averaged, as the global model is at a server). Options: ``[methods.fedprox]`` and
+``[methods.fedprox-p2p]`` ``mu`` (μ, default 0.01)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from p2pfed.config import ConfigError
-from p2pfed.methods.baselines import FedAvgServer
-from p2pfed.methods.central import MAX_PENALTY, Task
+from p2pfed.methods.base import NodeContext
+from p2pfed.methods.central import MAX_PENALTY, ServerMethod, Task
 from p2pfed.methods.options import MethodOptions
+from p2pfed.methods.strategy import Coordinated, Peered, State, Strategy
 
 
 @dataclass(frozen=True)
@@ -23,11 +27,28 @@ class FedProxOptions(MethodOptions):
             raise ConfigError(f"{where}mu must be in [0, {MAX_PENALTY:g}] (got {self.mu})")
 
 
-class FedProxServer(FedAvgServer):
-    """FedAvg with μ sent with every train task (the base node side adds the penalty it names)."""
+class FedProx(Strategy):
+    """FedAvg with the proximal term in local training: one group, the sample-weighted average."""
 
-    name = "fedprox"
-    options_type = FedProxOptions
+    name, serves_one_model, options_type = "fedprox", True, FedProxOptions
+    options: FedProxOptions
+
+    async def train(self, node: NodeContext, start: State | None) -> tuple[State, float]:
+        return await node.train_local(start if start is not None else node.current_state(), self.options.mu)
+
+
+class FedProxServer(Coordinated):
+    strategy = FedProx
+
+
+class FedProxPeer(Peered):
+    strategy = FedProx
+
+
+class ProxTasks(ServerMethod):
+    """A method with FedProx's μ whose node side is its own (FedProx+ and FedProx + FM): every train task carries
+    μ as the instructions' penalty, which that node side adds."""
+
     options: FedProxOptions
 
     def train_task(self, rnd: int, node: str) -> Task:

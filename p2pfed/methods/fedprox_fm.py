@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2pfed.methods.fedfm import FedFMOptions, FedFMServer
-from p2pfed.methods.fedprox import FedProxOptions, FedProxServer
+from p2pfed.methods.fedprox import FedProxOptions, ProxTasks
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class FedProxFMOptions(FedFMOptions, FedProxOptions):
         FedProxOptions.validate(self, where)
 
 
-class FedProxFMServer(FedProxServer, FedFMServer):
+class FedProxFMServer(ProxTasks, FedFMServer):
     """FedFM's rounds with FedProx's train tasks: every one carries μ (FedFM's node side adds the term)."""
 
     name = "fedprox-fm"

@@ -57,7 +57,7 @@ DEFAULTS = {
     "fedfm": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False},
     "fedfm-l2": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False},
     "fedfm-lite": {"lam": 10.0, "start": 20, "temperature": 0.1, "uniform": False, "every": 5},
-    "fedprox": {"mu": 0.01}, "fedproto": {"lam": 1.0}, "fedfomo": {"m": 5, "epsilon": 0.3},
+    "fedprox": {"mu": 0.01}, "fedprox-p2p": {"mu": 0.01}, "fedproto": {"lam": 1.0}, "fedfomo": {"m": 5, "epsilon": 0.3},
     "perfedavg": {"inner_lr": 0.01, "personal_steps": 1},
     "fedavgm": {"momentum": 0.9, "server_lr": 1.0}, "scaffold": {"server_lr": 1.0},
     "fedavg-ensemble": {"k": 0}, "fedprox-ensemble": {"k": 0, "mu": 0.01},
