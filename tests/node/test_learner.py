@@ -26,7 +26,7 @@ from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
-from p2pfed.wire import Message, NoteIn, WireError
+from p2pfed.wire import Message, ModelIn, NoteIn, WireError
 from p2pfed.wire.messages import check_body
 
 SCENARIO = """
@@ -286,8 +286,24 @@ class EveryOther(Method):
 
     name = "every-other"
 
+    def __init__(self, node: Any, options: Any = None) -> None:
+        super().__init__(node, options)
+        self.asked: list[tuple[Any, ...]] = []  # the round each step is asked about (and whose own model)
+
     def sources(self, rnd: int) -> set[str]:
         return {["n00", "n02"][rnd % 2]} & set(self.node.live_peers())
+
+    async def train(self, rnd: int) -> float | None:
+        self.asked.append(("train", rnd))
+        return await super().train(rnd)
+
+    def outgoing(self, rnd: int) -> dict[str, torch.Tensor]:
+        self.asked.append(("outgoing", rnd))
+        return super().outgoing(rnd)
+
+    def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
+        self.asked.append(("aggregate", rnd, own.sender if own is not None else None))
+        return super().aggregate(rnd, own, arrived)
 
     def must_participate(self, rnd: int) -> bool:
         return rnd % 2 == 0
@@ -297,7 +313,7 @@ async def test_the_node_asks_its_method_about_the_round_it_runs(tmp_path: Path,
                                                                 members: Callable[..., Endpoint]) -> None:
     n = fedavg_node(tmp_path, members, participation=0.01)
     assert not any(participates(n.scenario.seed, p, r, 0.01) for p in ("n00", "n01", "n02") for r in (0, 1))
-    n.method = EveryOther(n)
+    n.method = method = EveryOther(n)
     heard(n, "n00")
     heard(n, "n02")
     s0, s2 = shifted(n, 0.5), shifted(n, -0.25)
@@ -313,6 +329,41 @@ async def test_the_node_asks_its_method_about_the_round_it_runs(tmp_path: Path,
     assert len(sent) == 1 and close(n.current_state(), s2)
     rounds = [r for r in records(tmp_path) if r["event"] == "round"]
     assert [(r["participated"], r["sources"], r["received"]) for r in rounds] == [(True, 1, 1), (False, 0, 1)]
+    assert method.asked == [("train", 0), ("outgoing", 0), ("aggregate", 0, "n01"), ("aggregate", 1, None)]
+
+
+class Rechooses(Method):
+    """A method whose sources are what it last chose (as pFedLIA's are)."""
+
+    name = "rechooses"
+
+    def __init__(self, node: Any, options: Any = None) -> None:
+        super().__init__(node, options)
+        self.chosen = {"n00"}
+
+    def sources(self, rnd: int) -> set[str]:
+        return self.chosen & set(self.node.live_peers())
+
+
+async def test_a_model_taken_from_a_peer_the_method_no_longer_chooses_is_not_averaged(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    n.method = method = Rechooses(n)
+    heard(n, "n00")
+    heard(n, "n02")
+    await deliver(n, "n00", 0, shifted(n, 0.5), 10)  # early, while n00 was chosen
+    method.chosen = {"n02"}  # the method chose again before the round
+    s2 = shifted(n, -0.25)
+
+    async def n02_sends() -> None:
+        await deliver(n, "n02", 0, s2, 30)
+
+    sent = record_sends(n, n02_sends)
+    await n.run_round(0)
+    trained = sent[0][2]
+    assert close(n.current_state(), weighted_average([s2, trained], [30.0, float(n.samples)]))
+    [rec] = [r for r in records(tmp_path) if r["event"] == "round"]
+    assert rec["received"] == 1
 
 
 async def test_who_trains_and_whose_model_is_awaited_follow_the_shared_participation_draw(
@@ -339,10 +390,13 @@ async def test_who_trains_and_whose_model_is_awaited_follow_the_shared_participa
 
 
 async def test_the_node_evaluates_every_eval_every_rounds_and_after_the_last(
-        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+        tmp_path: Path, members: Callable[..., Endpoint], caplog: pytest.LogCaptureFixture) -> None:
     n = fedavg_node(tmp_path, members, eval_every=4)
-    for rnd in range(6):
-        await n.run_round(rnd)  # alone: it trains and keeps its own model
+    with caplog.at_level(logging.INFO, logger="p2pfed.node"):
+        for rnd in range(6):
+            await n.run_round(rnd)  # alone: it trains and keeps its own model
+    lines = [r.getMessage() for r in caplog.records if "done" in r.getMessage()]
+    assert lines[0] == "n01: round 1 of 6 done; averaged 0 of 0 peers' models"  # no accuracy, nobody to name
     rounds = [r for r in records(tmp_path) if r["event"] == "round"]
     assert [r["round"] for r in rounds if "accuracy" in r] == [3, 5]
     assert all({"loss", "macro_f1"} <= r.keys() for r in rounds if "accuracy" in r)
