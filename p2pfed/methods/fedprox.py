@@ -1,8 +1,9 @@
 """FedProx (Li et al., 2020): FedAvg whose local objective adds the proximal term μ/2·||w − w_start||², which
 keeps heterogeneous nodes near the model they start a round from. One strategy, run either way: ``fedprox``
 with a coordinator (w_start: the global model the node is sent) and ``fedprox-p2p`` peer to peer (w_start: the
-node's model after its last averaging with its peers, our choice where the paper, which has a server, is
-silent: it is what the node averaged, as the global model is at a server). Options: ``[methods.fedprox]`` and
+model the node holds as the round starts, the average it took at the end of the last round, or its own trained
+model when nothing arrived then; our choice where the paper, which has a server, is silent: it is the model
+the node's group gave it, as the global model is at a server). Options: ``[methods.fedprox]`` and
 ``[methods.fedprox-p2p]`` ``mu`` (μ, default 0.01)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from p2pfed.methods.strategy import Coordinated, Peered, State, Strategy
 
 @dataclass(frozen=True)
 class FedProxOptions(MethodOptions):
-    """FedProx's options, the scenario's [methods.fedprox] table."""
+    """FedProx's options, the scenario's [methods.fedprox] (or [methods.fedprox-p2p]) table."""
 
     mu: float = 0.01  # μ of the proximal term
 

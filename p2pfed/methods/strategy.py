@@ -15,13 +15,15 @@ one it ends the round with). Two forms run a strategy and need nothing else from
 
 - ``Coordinated``: the coordinator keeps one model per group, sends it to the group's participants, and
   aggregates what comes back by group; a node on its own gets tasks with no model, trains its own, and
-  anything it sends back is ignored. Its node side (``StrategyClient``) runs the strategy's ``train``.
+  anything it sends back is ignored. Its node side runs the strategy's ``train`` (``StrategyClient``) where
+  the strategy trains its own way, else it is the base node side, which carries out a task's instructions.
 - ``Peered``: a node runs the strategy's ``train`` on its own model, sends it to the live peers of its group,
   and aggregates what arrived with its own model, so every member of a group that took part ends the round
   with what a server of that group would have given it.
 
-A form names itself after its strategy (``Peered``: ``NAME-p2p``) and takes its options type, so a method
-that runs either way is its strategy and two lines, one per form (methods/baselines.py, methods/fedprox.py).
+A form names itself after its strategy (``Peered``: ``NAME-p2p``) and takes its options type and node side
+(a form that sets them itself is refused), so a method that runs either way is its strategy and two lines, one
+per form (methods/baselines.py, methods/fedprox.py).
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ class Strategy:
         return weighted_average(states, samples)
 
 
+def named(form: type, *given_by_strategy: str) -> None:
+    """Refuse a form that sets what its strategy gives it (its name, options, node side), and a strategy with no
+    name of its own: either would register a method under a name, or with options, its author did not mean."""
+    clash = [attr for attr in given_by_strategy if attr in form.__dict__]
+    if clash:
+        raise TypeError(f"{form.__name__} sets {', '.join(clash)}, which its strategy gives it: set them there")
+    strategy = form.__dict__["strategy"]
+    if "name" not in strategy.__dict__:
+        raise TypeError(f"{form.__name__}: its strategy {strategy.__name__} names no method (name = ...)")
+
+
 class StrategyClient(ClientMethod):
     """A coordinated strategy's node side: the best-fitting candidate (with one, that one), trained by the
     strategy; with no candidate the node trains its own model and sends nothing back (a node on its own)."""
@@ -95,8 +108,13 @@ class Coordinated(ServerMethod):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "strategy" in cls.__dict__:  # a form of a strategy (a method built on one names itself)
+            named(cls, "name", "options_type", "client")
             cls.name, cls.options_type = cls.strategy.name, cls.strategy.options_type
-            cls.client = type(f"{cls.strategy.__name__}Client", (StrategyClient,), {"strategy": cls.strategy})
+            # A strategy that trains as FedAvg does leaves its node side the base one, which carries out what a
+            # task's instructions ask (a method built on this form may send a penalty or epochs).
+            trains = cls.strategy.train is not Strategy.train
+            cls.client = type(f"{cls.strategy.__name__}Client", (StrategyClient,), {"strategy": cls.strategy}) \
+                if trains else None
 
     def __init__(self, ctx: ServerContext, options: Any) -> None:
         super().__init__(ctx, options)
@@ -152,6 +170,7 @@ class Peered(Method):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "strategy" in cls.__dict__:
+            named(cls, "name", "options_type")
             cls.name, cls.options_type = f"{cls.strategy.name}-p2p", cls.strategy.options_type
 
     def __init__(self, node: PeerContext, options: Any = None) -> None:
@@ -165,7 +184,8 @@ class Peered(Method):
         return {p for p in self.node.live_peers() if self.rule.group(self.node, p) == mine}
 
     async def train(self, rnd: int) -> float | None:
-        _, loss = await self.rule.train(self.node, None)
+        state, loss = await self.rule.train(self.node, None)
+        self.node.load_state(state)  # what it trained is what it sends, as a coordinated node does
         return loss
 
     def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> State | None:

@@ -26,6 +26,9 @@ class ProxNode(FakeNode):
     def current_state(self) -> dict[str, torch.Tensor]:
         return state_of(self.model)
 
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
     async def train_local(self, start: Any, penalty_coef: float = 0.0, epochs: Any = None
                           ) -> tuple[dict[str, torch.Tensor], float]:
         if start is not None:

@@ -95,8 +95,8 @@ async def test_an_adversarys_partial_model_is_what_it_would_send(
 
 
 @pytest.mark.parametrize(("message", "reason"), [
-    (lambda w0: task("note", "fedavg", [w0, w0], ["n00"]), "FedAvgClient takes no note tasks"),
-    (lambda w0: task("compute", "fedavg", [w0]), "FedAvgClient takes no compute tasks"),
+    (lambda w0: task("note", "fedavg", [w0, w0], ["n00"]), "ClientMethod takes no note tasks"),
+    (lambda w0: task("compute", "fedavg", [w0]), "ClientMethod takes no compute tasks"),
     (lambda w0: task("note", "pfedlia-central", [w0, w0], ["n00", "n02"]), "a score task is w0 and one named"),
     (lambda w0: task("compute", "pfedlia-central", [w0, w0]), "a partial model is trained from one model"),
     (lambda w0: task("score", "pfedlia-central", [w0]), "unknown task 'score'"),
