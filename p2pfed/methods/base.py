@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+# one model from several and their weights (sample counts): FedAvg's weighted average, a strategy's own
+Combine = Callable[[list[dict[str, torch.Tensor]], list[float]], dict[str, torch.Tensor]]
 
 
 class NodeContext(Protocol):
@@ -220,10 +222,7 @@ class Method:
         none); None keeps the model it has. Default: the sample-weighted average of the models that arrived
         and its own, so every member of a group ends the round with the group's average (what a server averaging
         the group's models would give); the node's model as it is when none arrived."""
-        if not arrived:
-            return None
-        models = [arrived[p] for p in sorted(arrived)] + ([own] if own is not None else [])
-        return weighted_average([m.state for m in models], [float(m.samples) for m in models])
+        return group_average(own, arrived)
 
     def on_note(self, kind: str, sender: str, rnd: int, values: dict[str, float]) -> None:
         """A note of one of the kinds in ``notes`` from a member the node knows, for a round up to the node's
@@ -272,6 +271,16 @@ class Mixing(Exchanging):
 
     def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
         return mixed(self.weights(rnd), own.state if own is not None else self.node.current_state(), arrived)
+
+
+def group_average(own: ModelIn | None, arrived: dict[str, ModelIn], combine: Combine = weighted_average
+                  ) -> dict[str, torch.Tensor] | None:
+    """combine (default: the sample-weighted average) of the models that arrived, in their senders' order, and
+    the node's own after them (if it sent one); None when nothing arrived: the node's model stays as it is."""
+    if not arrived:
+        return None
+    models = [arrived[p] for p in sorted(arrived)] + ([own] if own is not None else [])
+    return combine([m.state for m in models], [float(m.samples) for m in models])
 
 
 def shared_number(seed: int, *keys: object) -> int:

@@ -32,7 +32,7 @@ from torch import nn
 
 from p2pfed.learn.held import ServerData
 from p2pfed.learn.train import Evaluation, weighted_average
-from p2pfed.methods.base import NodeContext, shared_number
+from p2pfed.methods.base import Combine, NodeContext, shared_number
 from p2pfed.methods.options import MethodOptions, options_of
 from p2pfed.wire import WireError, check_tensors
 from p2pfed.wire.messages import Int, Num, Opt, SchemaError, check_value
@@ -237,14 +237,19 @@ class ServerMethod:
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
         """FedAvg by sample count of each group's updates; a group nobody updated keeps its model."""
-        by_group: dict[int, list[str]] = {}
+        self.aggregate_groups(updates, weighted_average)
+
+    def aggregate_groups(self, updates: dict[str, Update], combine: Combine) -> None:
+        """Each group's model: combine of its members' updates (in the order they came) and their sample counts;
+        a group nobody updated keeps its model."""
+        by_group: dict[int, tuple[list[dict[str, torch.Tensor]], list[float]]] = {}
         for node, up in updates.items():
             if up.state is not None:
-                by_group.setdefault(self.groups[node], []).append(node)
-        for g, members in by_group.items():
-            states = [updates[n].state for n in members]
-            self.models[g] = weighted_average([s for s in states if s is not None],
-                                              [float(updates[n].samples) for n in members])
+                states, samples = by_group.setdefault(self.groups[node], ([], []))
+                states.append(up.state)
+                samples.append(float(up.samples))
+        for g, (states, samples) in by_group.items():
+            self.models[g] = combine(states, samples)
 
     def eval_task(self, node: str) -> Task:
         """The node's personalised model, to evaluate (and keep, at the end)."""

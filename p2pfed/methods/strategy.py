@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from p2pfed.learn.train import weighted_average
-from p2pfed.methods.base import Method, NodeContext, PeerContext
+from p2pfed.methods.base import Method, NodeContext, PeerContext, group_average
 from p2pfed.methods.central import ClientMethod, ServerContext, ServerMethod, Task, Update
 from p2pfed.methods.options import MethodOptions
 from p2pfed.wire import ModelIn
@@ -136,16 +136,8 @@ class Coordinated(ServerMethod):
         return Task("train") if node in self.alone else super().train_task(rnd, node)
 
     def aggregate(self, rnd: int, updates: dict[str, Update]) -> None:
-        """The strategy's aggregate of each group's updates (in the order they came); a group nobody updated
-        keeps its model, and what a node on its own sent is ignored."""
-        by_group: dict[int, list[State]] = {}
-        samples: dict[int, list[float]] = {}
-        for node, up in updates.items():
-            if up.state is not None and node not in self.alone:
-                by_group.setdefault(self.groups[node], []).append(up.state)
-                samples.setdefault(self.groups[node], []).append(float(up.samples))
-        for group, states in by_group.items():
-            self.models[group] = self.rule.aggregate(states, samples[group])
+        """The strategy's aggregate of each group's updates; what a node on its own sent is ignored."""
+        self.aggregate_groups({n: up for n, up in updates.items() if n not in self.alone}, self.rule.aggregate)
 
     def eval_task(self, node: str) -> Task:
         return Task("eval") if node in self.alone else super().eval_task(node)
@@ -189,9 +181,5 @@ class Peered(Method):
         return loss
 
     def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> State | None:
-        """The strategy's aggregate of the models that arrived and the node's own (if it sent one); the node's
-        model as it is when none arrived."""
-        if not arrived:
-            return None
-        models = [arrived[p] for p in sorted(arrived)] + ([own] if own is not None else [])
-        return self.rule.aggregate([m.state for m in models], [float(m.samples) for m in models])
+        """The strategy's aggregate of the models that arrived and the node's own (if it sent one)."""
+        return group_average(own, arrived, self.rule.aggregate)
