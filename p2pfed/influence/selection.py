@@ -12,6 +12,9 @@ Two rules, ``[methods.pfedlia-p2p] selection``:
     is chosen (IID: all peers help, so all are chosen; if none helps, the node trains alone).
   - Only peers with positive influence are ever chosen: a negative score means the peer's data raises my
     validation loss, whatever group it falls in. So a single peer is chosen iff its influence is positive.
+    pFedLIA-p2p asks more (its ``confidence``): positive beyond the score's uncertainty over the node's
+    validation samples (the lower bound of a one-sided paired t-test, influence/evidence.py), so a node
+    with a tiny validation split chooses fewer, surer peers.
 
 Both solve 2-means in one dimension exactly (the best split of the sorted scores), not by random restarts,
 so every node of a scenario gets the same answer on every run; ties (equal scores) always land in the same
@@ -51,12 +54,15 @@ def two_means(scores: np.ndarray) -> tuple[float, float]:
 SELECTION_RULES = ("ours", "paper")
 
 
-def select_peers(scores: dict[str, float], gap: float = 0.8, rule: str = "ours") -> list[str]:
+def select_peers(scores: dict[str, float], gap: float = 0.8, rule: str = "ours",
+                 lower: dict[str, float] | None = None) -> list[str]:
     """The peers this node aggregates with, from its lazy influence scores of them.
 
     rule "paper": the higher group of the 2-means split, negative scores included; every peer when the
     scores cannot be split (one peer, or all equal: one group, which is then the higher one).
-    rule "ours": the split only if it explains at least gap of the variance, and only positive scores.
+    rule "ours": the split only if it explains at least gap of the variance, and only positive scores; given
+    lower (each score's lower confidence bound, influence/evidence.py), only scores positive beyond their
+    uncertainty.
     """
     if rule not in SELECTION_RULES:
         raise ValueError(f"selection rule must be one of {', '.join(SELECTION_RULES)} (got {rule!r})")
@@ -71,7 +77,8 @@ def select_peers(scores: dict[str, float], gap: float = 0.8, rule: str = "ours")
         chosen = [n for n, v in zip(names, values, strict=True) if v > threshold]
     else:
         chosen = names
-    return [n for n in chosen if scores[n] > 0]
+    floor = lower if lower is not None else scores
+    return [n for n in chosen if floor[n] > 0]
 
 
 def mutual_clusters(choices: dict[str, list[str]]) -> dict[str, int]:

@@ -30,6 +30,10 @@ class LearningTask:
         """What the model says for each sample (compared with the targets by metrics)."""
         raise NotImplementedError
 
+    def unit_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss of each scored unit, flat: what the mean loss averages (a sample; a token of a sequence)."""
+        return self.loss(output, target, reduction="none").reshape(-1)
+
     def metrics(self, predicted: np.ndarray, target: np.ndarray) -> tuple[float, float]:
         """(accuracy, macro-F1) of the predictions: the figures every run reports per node and round."""
         raise NotImplementedError
@@ -70,6 +74,10 @@ class NextToken(LearningTask):
 
     def loss(self, output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         return F.cross_entropy(output.flatten(0, -2), target.flatten(), ignore_index=PAD, reduction=reduction)
+
+    def unit_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each token's loss, the padding left out."""
+        return super().unit_losses(output, target)[target.flatten() != PAD]
 
     def predict(self, output: torch.Tensor) -> torch.Tensor:
         return output.argmax(-1)

@@ -39,10 +39,13 @@ def test_every_key_of_the_former_tables_went_to_a_field_of_each_method_that_read
 # Every method's defaults, as the shared tables had them: the results of a scenario that sets nothing must not
 # move (a changed default changes every run that relies on it).
 DEFAULTS = {
+    # confidence, window, probe_every and fallback: new (the choice that keeps learning, beyond the paper)
     "pfedlia-p2p": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
-                    "selection": "ours"},
+                    "selection": "ours", "confidence": 0.9, "window": 3, "margin": 0.1, "probe_every": 4,
+                    "fallback": True},
     "pfedlia-p2p-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
-                          "selection": "paper"},
+                          "selection": "paper", "confidence": 0.0, "window": 0, "margin": 0.1, "probe_every": 0,
+                          "fallback": False},
     "pfedlia-central": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "optics": "ours",
                         "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
     "pfedlia-central-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05,
@@ -120,7 +123,7 @@ def test_an_old_file_is_told_where_every_key_went_at_once(tmp_path: Path) -> Non
 def test_a_paper_form_takes_its_base_methods_table_but_the_rule(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
     path.write_text(BASE.format(methods='["pfedlia-p2p", "pfedlia-p2p-paper", "pfedlia-central-paper"]')
-                    + "[methods.pfedlia-p2p]\nwarmup_rounds = 1\nlia_batch = 7\nselection = 'ours'\n"
+                    + "[methods.pfedlia-p2p]\nwarmup_rounds = 1\nlia_batch = 7\nselection = 'ours'\nwindow = 5\n"
                     + "[methods.pfedlia-central]\nwarmup_rounds = 2\noptics = 'ours'\n")
     scenario = load_checked(path)
     assert options_of("pfedlia-p2p-paper", scenario) == PaperP2POptions(warmup_rounds=1, lia_batch=7, selection="paper")
@@ -134,6 +137,16 @@ def test_a_paper_form_takes_its_base_methods_table_but_the_rule(tmp_path: Path) 
     # ... also when the value does not fit the run, and the base method does not run
     with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p\.warmup_rounds \(5\) must be in \[0, scenario"):
         load_checked(path, ["methods.pfedlia-p2p.warmup_rounds=5", "scenario.methods=['pfedlia-p2p-paper']"])
+    # the choice that keeps learning: levels and windows in range, and probes and fallback only with a window
+    with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p\.confidence must be in \[0, 1\) \(got 1\.0\)"):
+        load_checked(path, ["methods.pfedlia-p2p.confidence=1.0"])
+    with pytest.raises(ConfigError, match=r"window must be in 0\.\.50 and probe_every in 0\.\.1000 \(got 51, 4\)"):
+        load_checked(path, ["methods.pfedlia-p2p.window=51"])
+    with pytest.raises(ConfigError, match=r"probe_every and fallback need evidence over rounds"):
+        load_checked(path, ["methods.pfedlia-p2p.window=0"])
+    assert options_of("pfedlia-p2p", load_checked(path, ["methods.pfedlia-p2p.window=0",
+                                                         "methods.pfedlia-p2p.probe_every=0",
+                                                         "methods.pfedlia-p2p.fallback=false"])).window == 0
 
 
 

@@ -35,16 +35,36 @@ class InfluenceOptions(MethodOptions):
 
 @dataclass(frozen=True)
 class P2POptions(InfluenceOptions):
-    """pFedLIA-p2p's: the phase's, the selection rule, and how much of the scores' variance a 2-means split
-    must explain under our rule."""
+    """pFedLIA-p2p's: the phase's, the selection rule, how much of the scores' variance a 2-means split must
+    explain under our rule, and how the choice keeps learning after the phase (p2p.py; beyond the paper)."""
 
     gap: float = 0.8  # influence/selection.py: below it, a node keeps every peer with positive influence
     selection: str = "ours"  # influence/selection.py: "paper" is plain 2-means, the higher group
+    # the one-sided level of every test of a peer's effect (influence/evidence.py): choose, drop, add, fall
+    # back only when the effect is beyond its uncertainty at this level; 0: the mean alone decides
+    confidence: float = 0.9
+    # rounds of evidence behind a verdict on a chosen peer, a probed one and collaboration; 0: the choice is
+    # made once and never looked at again (the paper's), with no probes and no fallback
+    window: int = 3
+    # the least harm that drops a peer or gives up collaborating, as a share of w0's validation loss
+    margin: float = 0.1
+    probe_every: int = 4  # rounds between probes of a peer the node has not chosen (a late joiner first); 0: none
+    fallback: bool = True  # keep a local track and go back to it when collaboration does worse
 
     def validate(self, where: str) -> None:
         super().validate(where)
         if not 0 <= self.gap <= 1:
             raise ConfigError(f"{where}gap must be in [0, 1] (got {self.gap})")
+        if not 0 <= self.confidence < 1:
+            raise ConfigError(f"{where}confidence must be in [0, 1) (got {self.confidence})")
+        if not 0 <= self.margin <= 10:
+            raise ConfigError(f"{where}margin must be in [0, 10] (got {self.margin})")
+        if not 0 <= self.window <= 50 or not 0 <= self.probe_every <= 1000:
+            raise ConfigError(f"{where}window must be in 0..50 and probe_every in 0..1000 (got {self.window}, "
+                              f"{self.probe_every})")
+        if self.window == 0 and (self.probe_every or self.fallback):
+            raise ConfigError(f"{where}probe_every and fallback need evidence over rounds: set window >= 1, or "
+                              "probe_every = 0 and fallback = false")
         if self.selection not in SELECTION_RULES:
             raise ConfigError(f"{where}selection must be one of {', '.join(SELECTION_RULES)} (got "
                               f"{self.selection!r})")
@@ -52,11 +72,17 @@ class P2POptions(InfluenceOptions):
 
 @dataclass(frozen=True)
 class PaperP2POptions(P2POptions):
-    """pFedLIA-p2p-paper's: pFedLIA-p2p's table but the rule, which is the paper's unless told otherwise."""
+    """pFedLIA-p2p-paper's: pFedLIA-p2p's table but the rule and what it adds after the choice, which are the
+    paper's (plain 2-means, one choice) unless told otherwise."""
 
     selection: str = "paper"
+    confidence: float = 0.0
+    window: int = 0  # the paper chooses once
+    probe_every: int = 0
+    fallback: bool = False
     base: ClassVar[str] = "pfedlia-p2p"
-    own: ClassVar[frozenset[str]] = frozenset({"selection"})
+    own: ClassVar[frozenset[str]] = frozenset({"selection", "confidence", "window", "margin", "probe_every",
+                                               "fallback"})
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,28 @@ model to the peers that chose it. A node that joins later fetches w0 and the par
 keep, picks its peers the same way, and starts, without any other node re-clustering.
 
 What it says to its peers: "partial" models (pushed in the influence phase; "w0" and "partial" kept for late
-joiners to fetch) and "choices" notes (the peers a node chose, with their influence).
+joiners to fetch) and "choices" notes (the peers that are to send it their models, with their influence).
+
+Beyond the paper (``pfedlia-p2p``; ``pfedlia-p2p-paper`` is the paper's, none of this): with 5 to 22
+validation samples one influence score is mostly noise, and one wrong peer chosen once drags a node down for
+the rest of the run. So the choice keeps learning, from the models the node receives anyway:
+
+- Scores with their uncertainty: a peer is chosen only if its influence is positive beyond its uncertainty
+  over the node's validation samples (a one-sided paired t-test at ``confidence``; influence/evidence.py).
+- Each round, on its validation split, the node compares its aggregate with the aggregate without each
+  chosen peer; a peer that hurts beyond its uncertainty over ``window`` rounds is dropped.
+- Every ``probe_every`` rounds it watches one peer it has not chosen (a late joiner first, then the one
+  looked at longest ago): that peer sends it its models, which the node does not average but weighs (its
+  aggregate with the peer's model, against without); a peer that helps beyond its uncertainty over
+  ``window`` rounds is chosen. So late joiners are chosen by the nodes they help. One peer at a time: at
+  most one model more per round, and one forward pass per model weighed.
+- Never worse than alone: while it collaborates, the node trains a local track beside (a second model,
+  from w0, on its own data only); when its aggregate does worse than the local track beyond uncertainty over
+  ``window`` rounds, it falls back to the local track, drops its peers (the record says "fallback") and
+  goes on alone, probing as before.
+The verdicts on round r's models are drawn as round r+1 starts (a method's aggregate is not awaited: the
+scoring runs in a worker thread then, as the influence phase's does). Any change of the chosen peers
+starts every window afresh: a peer's effect is measured against the group it is averaged with.
 """
 
 from __future__ import annotations
@@ -20,18 +41,23 @@ import logging
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
+from p2pfed.influence.evidence import Estimate, Window, estimate, sample_losses
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.influence.selection import select_peers
-from p2pfed.methods.base import Method, PeerContext
+from p2pfed.methods.base import Method, PeerContext, group_average, shared_number
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
 from p2pfed.wire import ModelIn
 
 log = logging.getLogger(__name__)
 
+LOCAL = ""  # the key of the local track's comparison (no peer is named "")
+
 
 class PFedLIAP2P(Method):
-    """Lazy influence, local 2-means peer selection, then FedAvg with the chosen peers."""
+    """Lazy influence, local 2-means peer selection, then FedAvg with the chosen peers, a choice that keeps
+    learning (options ``window``, ``probe_every``, ``fallback``)."""
 
     name = "pfedlia-p2p"
     notes: ClassVar[frozenset[str]] = frozenset({"choices"})
@@ -42,36 +68,59 @@ class PFedLIAP2P(Method):
     def __init__(self, node: PeerContext, options: P2POptions) -> None:
         super().__init__(node, options)
         self.chosen: set[str] | None = None  # None until the influence phase ran
-        self.choosers: set[str] = set()  # peers that chose this node: they get its model
+        self.choosers: set[str] = set()  # peers that chose (or watch) this node: they get its model
         self.chosen_scores: dict[str, float] = {}
+        self.scores: dict[str, float] = {}  # every score of the choice, for its records
+        self.watched: dict[str, int] = {}  # a probed peer: the round its watch began
+        self.looked: dict[str, int] = {}  # every peer scored or probed: the round it last was
+        self.refused: dict[str, int] = {}  # a peer watched and kept out: how many times in a row
+        self.released: dict[str, int] = {}  # a peer dropped or no longer watched: the round it was
+        self.local: nn.Module | None = None  # the local track, while the node collaborates
+        self.windows: dict[str, Window] = {}  # a chosen or watched peer's evidence, and LOCAL's
+        self.last: tuple[ModelIn | None, dict[str, ModelIn], dict[str, ModelIn]] | None = None
+        self.scale = 1.0  # w0's mean validation loss: what margin is a share of
+
+    @property
+    def keeps_learning(self) -> bool:
+        return self.options.window > 0
 
     def sources(self, rnd: int) -> set[str]:
-        if self.chosen is None:
-            return set(self.node.live_peers())
         live = set(self.node.live_peers())
-        return self.chosen & live
+        if self.chosen is None:
+            return live
+        return (self.chosen | set(self.watched)) & live
 
     def subscribers(self, rnd: int) -> set[str]:
         if self.chosen is None:
             return set(self.node.live_peers())
         return self.choosers & set(self.node.live_peers())
 
+    def expected(self, rnd: int) -> set[str]:
+        """The sources that take part, but a peer watched from this round on: it may have sent this round's
+        model before it heard it was watched, and is not waited for."""
+        return {p for p in super().expected(rnd) if self.watched.get(p) != rnd}
+
     def accepts(self, kind: str, sender: str, rnd: int) -> bool:
         """Partial models only in the influence phase (round W, before choosing), from live peers."""
         if kind == "partial":
             return self.chosen is None and rnd == self.options.warmup_rounds and sender in self.node.live_peers()
-        return super().accepts(kind, sender, rnd)
+        # a peer dropped or no longer watched may have sent before it heard: taken (not averaged), not refused
+        return super().accepts(kind, sender, rnd) or (kind == "model" and rnd <= self.released.get(sender, -3) + 2)
 
     def on_note(self, kind: str, sender: str, rnd: int, values: dict[str, float]) -> None:
-        """A peer announced its choice ("choices": the peers it chose, with their influence); if it chose this
-        node, send it this node's models from now on. A choice of a past round still holds."""
+        """A peer announced its choice ("choices": the peers it chose or watches, with their influence); if it
+        named this node, send it this node's models from now on. A choice of a past round still holds."""
         if self.node.name in values:
             self.choosers.add(sender)
         else:
             self.choosers.discard(sender)
 
     async def before_round(self, rnd: int) -> None:
-        if self.chosen is not None or rnd < self.options.warmup_rounds:
+        if rnd < self.options.warmup_rounds:
+            return
+        if self.chosen is not None:
+            if self.keeps_learning:
+                await self.review(rnd)
             return
         if rnd > self.options.warmup_rounds:
             await self.join_late()
@@ -121,46 +170,246 @@ class PFedLIAP2P(Method):
         self.node.keep({"w0": w0, "partial": partial})
         return partial
 
-    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
-        """The lazy influence of each peer's partial model on this node's validation split."""
+    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, Estimate]:
+        """The lazy influence of each peer's partial model on this node's validation split (eq. 1), with its
+        bounds at the options' confidence (the mean alone, as the paper scores, at confidence 0)."""
         names = sorted(partials)
         w0 = self.node.kept_model("w0") or self.node.current_state()
         states = [partials[n] for n in names]
-        values = await self.node.on_validation(
-            lambda model, x_val, y_val, device, task: score_peers(model, w0, states, x_val, y_val, device, task=task))
-        return dict(zip(names, values, strict=True))
+        if self.options.confidence <= 0:
+            values = await self.node.on_validation(
+                lambda model, x_val, y_val, device, task: score_peers(model, w0, states, x_val, y_val, device,
+                                                                      task=task))
+            return {n: Estimate(v, v, v, 0) for n, v in zip(names, values, strict=True)}
+        losses = await self.node.on_validation(
+            lambda model, x_val, y_val, device, task: sample_losses(model, [w0, *states], x_val, y_val, device,
+                                                                    task))
+        self.scale = float(losses[0].mean()) if losses.size else self.scale
+        return {n: estimate(losses[0] - losses[1 + i], self.options.confidence) for i, n in enumerate(names)}
 
-    async def choose(self, scores: dict[str, float]) -> None:
+    async def choose(self, scored: dict[str, Estimate]) -> None:
         """Select peers from scores, remember and announce the choice."""
-        chosen = select_peers(scores, self.options.gap, self.options.selection)
+        scores = {p: e.mean for p, e in scored.items()}
+        lower = {p: e.lower for p, e in scored.items()} if self.options.confidence > 0 else None
+        chosen = select_peers(scores, self.options.gap, self.options.selection, lower)
         self.chosen = set(chosen)
+        self.scores = scores
         self.chosen_scores = {p: scores[p] for p in chosen}
-        self.node.record("choice", scores=scores, chosen=sorted(chosen))  # what the report reads
+        self.looked.update(dict.fromkeys(scores, self.node.round))
+        self.start_local()
+        fields: dict[str, Any] = {"lower": lower} if lower is not None else {}
+        self.node.record("choice", scores=scores, chosen=sorted(chosen), **fields)  # what the report reads
         await self.node.send_note(self.node.live_peers(), "choices", self.chosen_scores)
+
+    # -- the choice that keeps learning (beyond the paper) -------------------------------------------
+    def start_local(self) -> None:
+        """While it collaborates, a node keeps a local track from its model as it chose (w0, or what it had
+        alone); alone, its model is its local track."""
+        want = self.options.fallback and bool(self.chosen)
+        if want and self.local is None:
+            self.local = self.node.new_model(self.node.current_state())
+        elif not want:
+            self.local = None
+
+    async def train(self, rnd: int) -> float | None:
+        loss = await self.node.fit(self.node.own)
+        if self.local is not None and self.chosen:
+            await self.node.fit(self.local)  # the local track: the same training, on the node's data only
+        return loss
+
+    def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
+        """The average with the chosen peers' models (a watched peer's model is weighed, not averaged)."""
+        group = {p: m for p, m in arrived.items() if self.chosen is None or p in self.chosen}
+        if self.chosen is not None and self.keeps_learning:
+            self.last = (own, group, {p: m for p, m in arrived.items() if p in self.watched})
+        return group_average(own, group)
+
+    async def review(self, rnd: int) -> None:
+        """Weigh the last round's models, draw the verdicts that are due, start a probe, announce a change."""
+        if self.last is not None:
+            await self.weigh(*self.last)
+            self.last = None
+        before = (set(self.chosen or ()), set(self.watched))
+        self.verdicts(rnd)
+        self.probe(rnd)
+        if before != (set(self.chosen or ()), set(self.watched)):
+            if before[0] != self.chosen:
+                self.windows = {}  # a peer's effect is measured against the group it is averaged with
+            else:
+                self.windows = {k: w for k, w in self.windows.items() if k in self.chosen or k in self.watched
+                                or k == LOCAL}
+            self.start_local()
+            named = {p: self.scores.get(p, 0.0) for p in (self.chosen or set()) | set(self.watched)}
+            self.chosen_scores = {p: v for p, v in named.items() if p in (self.chosen or ())}
+            await self.node.send_note(self.node.live_peers(), "choices", named)
+
+    async def weigh(self, own: ModelIn | None, group: dict[str, ModelIn], watched: dict[str, ModelIn]) -> None:
+        """Add the last round's evidence to the windows, from the node's validation split: for each chosen peer
+        that sent, its aggregate without the peer against with it (positive: the peer helps); for each watched
+        peer that sent, the aggregate with the peer's model added against without; the aggregate against the
+        local track."""
+        now = self.node.current_state()  # the last round's aggregate
+        states: dict[str, dict[str, torch.Tensor]] = {"": now}
+        for peer in sorted(group):
+            without = combined(own, {p: m for p, m in group.items() if p != peer})
+            if without is not None:
+                states["-" + peer] = without
+        for peer in sorted(watched):
+            states["+" + peer] = combined(own, {**group, peer: watched[peer]}) or watched[peer].state
+        if self.local is not None and group:
+            states["local"] = self.local.state_dict()
+        if len(states) < 2:
+            return
+        keys = list(states)
+        losses = await self.node.on_validation(
+            lambda model, x_val, y_val, device, task: sample_losses(model, [states[k] for k in keys], x_val, y_val,
+                                                                    device, task))
+        row = dict(zip(keys, losses, strict=True))
+        for key, value in row.items():
+            if key == "":
+                continue
+            name = LOCAL if key == "local" else key[1:]
+            # positive: the peer (or collaborating) helps
+            diff = value - row[""] if key[0] == "-" or key == "local" else row[""] - value
+            self.windows.setdefault(name, Window(self.options.window)).add(diff)
+
+    def verdicts(self, rnd: int) -> None:
+        """Drop the chosen peers that hurt; fall back to the local track when collaborating does worse than it
+        (or, alone after the drops, when it did worse on average); choose a watched peer that helps, or stop
+        watching it. Drops come first: a group rid of its harmful peer is judged again before it is given up."""
+        assert self.chosen is not None
+        due = {p: self.windows.pop(p) for p in sorted(self.chosen) if p in self.windows and self.windows[p].full}
+        # Each chosen peer is tested once per window of rounds (the windows do not overlap), all of them at once
+        # at a level shared among them (Bonferroni): a group of k alike peers would otherwise lose one to chance
+        # every few windows.
+        level = corrected(self.options.confidence, len(due))
+        hurting = {p: e for p, w in due.items() if self.harmful(e := w.estimate(level))}
+        for peer, e in hurting.items():
+            self.chosen.discard(peer)
+            self.note_change(rnd, "dropped", peer, e)
+        collab = self.windows.get(LOCAL)
+        if self.local is not None and collab is not None and len(collab):
+            e = collab.estimate(self.options.confidence)
+            gave_up = not hurting and collab.full and self.harmful(e)
+            if gave_up or (hurting and not self.chosen and e.mean < 0):
+                self.fall_back(rnd, sorted(self.chosen | set(hurting)), e)
+            elif collab.full:
+                del self.windows[LOCAL]
+        for peer, since in sorted(self.watched.items()):
+            w = self.windows.get(peer)
+            if w is not None and w.full:
+                e = w.estimate(self.options.confidence)
+                del self.watched[peer]
+                self.looked[peer] = rnd
+                if e.helps:
+                    self.chosen.add(peer)
+                    self.refused.pop(peer, None)
+                else:
+                    self.refused[peer] = self.refused.get(peer, 0) + 1
+                self.note_change(rnd, "added" if e.helps else "kept out", peer, e)
+            elif rnd - since > 2 * self.options.window + 1:
+                del self.watched[peer]  # it sent too few models to judge: look at another
+                self.looked[peer] = rnd
+                self.refused[peer] = self.refused.get(peer, 0) + 1
+                self.note_change(rnd, "kept out", peer, None)
+
+    def harmful(self, e: Estimate) -> bool:
+        """Hurts beyond its uncertainty, and by more than margin of w0's validation loss (a scale fixed for the
+        run: the losses themselves shrink as the models learn, and a share of them would shrink too). A
+        same-cluster peer's model, a little less sure than the others, raised the loss by 0.03 to 0.05 on
+        feature-digits; a peer of another rotation by 0.17 to 3.9; a node's local track beat its cluster's
+        average by 0.03 under label skew, where the average was the more accurate."""
+        return e.hurts and e.mean < -self.options.margin * self.scale
+
+    def fall_back(self, rnd: int, dropped: list[str], collab: Estimate) -> None:
+        """Collaborating did worse than training alone: take the local track and go on alone."""
+        assert self.local is not None and self.chosen is not None
+        self.node.load_state(self.local.state_dict())
+        self.chosen.clear()
+        self.released.update(dict.fromkeys(dropped, rnd))
+        log.warning("%s: round %d: averaging with %s did worse than training alone (validation loss %+.3g, upper "
+                    "bound %+.3g); falling back to the local track", self.node.name, rnd, ", ".join(dropped),
+                    -collab.mean, -collab.lower)
+        self.node.record("fallback", dropped=dropped, gain=collab.mean, bound=collab.upper)
+        self.note_change(rnd, "fallback", None, collab)
+
+    def note_change(self, rnd: int, what: str, peer: str | None, e: Estimate | None) -> None:
+        """Log and record a change of the choice (a "choice" record too: the report reads the last one)."""
+        if peer is not None and what != "added":
+            self.released[peer] = rnd
+        if peer is not None:
+            log.info("%s: round %d: %s %s (effect on validation loss %s)", self.node.name, rnd, what, peer,
+                     f"{e.mean:+.3g}, bounds {e.lower:+.3g} .. {e.upper:+.3g}" if e is not None else "unknown")
+            self.node.record("peer", peer=peer, verdict=what, **({"gain": e.mean, "lower": e.lower,
+                                                                  "upper": e.upper} if e is not None else {}))
+        if what != "kept out":  # the choice changed
+            self.node.record("choice", scores=self.scores, chosen=sorted(self.chosen or ()), why=what)
+
+    def probe(self, rnd: int) -> None:
+        """Every probe_every rounds after the phase, watch one live peer not chosen: one never looked at (a
+        late joiner) first, then the one looked at longest ago; ties broken by a draw of the node's own."""
+        since = rnd - self.options.warmup_rounds
+        if not self.options.probe_every or self.watched or since <= 0 or since % self.options.probe_every:
+            return
+        me = self.node.name
+        # a peer kept out k times waits probe_every·2^k rounds before it is looked at again (a bandit's back-off:
+        # the bytes a node spends on peers that do not help shrink as the run goes on)
+        candidates = [p for p in self.node.live_peers() if p not in (self.chosen or ()) and p != me
+                      and rnd - self.looked.get(p, -10**9) >= self.options.probe_every * 2 ** self.refused.get(p, 0)]
+        if not candidates:
+            return
+        peer = min(candidates, key=lambda p: (self.looked.get(p, -1), shared_number(self.node.seed, me, p, rnd)))
+        self.watched[peer] = rnd
+        self.looked[peer] = rnd
+        log.info("%s: round %d: watching %s, a peer it has not chosen", self.node.name, rnd, peer)
+        self.node.record("peer", peer=peer, verdict="watched")
 
     async def on_peer_back(self, peer: str) -> None:
         """A peer (re)appeared, e.g. restarted from an older checkpoint: tell it again whom this node chose,
         so it knows to send this node its models."""
         if self.chosen is not None:
-            await self.node.send_note([peer], "choices", self.chosen_scores)
+            named = {p: self.scores.get(p, 0.0) for p in self.chosen | set(self.watched)}
+            await self.node.send_note([peer], "choices", named)
 
     def report(self) -> dict[str, Any]:
         return {"chosen": sorted(self.chosen) if self.chosen is not None else None}
 
     def state(self) -> dict[str, Any]:
+        """What a restart keeps: the choice and who chose this node; not the windows of evidence nor the local
+        track, which start afresh (a verdict then comes window rounds later)."""
         return {"chosen": sorted(self.chosen) if self.chosen is not None else None,
-                "choosers": sorted(self.choosers), "chosen_scores": self.chosen_scores}
+                "choosers": sorted(self.choosers), "chosen_scores": self.chosen_scores,
+                "watched": dict(self.watched), "scores": self.scores, "looked": dict(self.looked),
+                "refused": dict(self.refused), "scale": self.scale}
 
     def restore(self, state: dict[str, Any]) -> None:
         chosen = state.get("chosen")
         self.chosen = set(chosen) if chosen is not None else None
         self.choosers = set(state.get("choosers", []))
         self.chosen_scores = dict(state.get("chosen_scores", {}))
+        self.watched = {str(p): int(r) for p, r in state.get("watched", {}).items()}
+        self.scores = dict(state.get("scores", self.chosen_scores))
+        self.looked = {str(p): int(r) for p, r in state.get("looked", {}).items()}
+        self.refused = {str(p): int(n) for p, n in state.get("refused", {}).items()}
+        self.scale = float(state.get("scale", 1.0))
+        if self.chosen is not None:
+            self.start_local()
 
+
+def corrected(confidence: float, tests: int) -> float:
+    """The level of each of tests tests run together, so that all of them together hold confidence."""
+    return 1 - (1 - confidence) / tests if confidence > 0 and tests > 1 else confidence
+
+
+def combined(own: ModelIn | None, group: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
+    """The node's aggregate of own and group, as ``aggregate`` makes it: own alone when nothing else came;
+    None when there is nothing."""
+    avg = group_average(own, group)
+    return avg if avg is not None else (own.state if own is not None else None)
 
 
 class PFedLIAP2PPaper(PFedLIAP2P):
-    """pFedLIA-p2p with the paper's selection rule (plain 2-means, the higher group): run beside
+    """pFedLIA-p2p with the paper's selection rule (plain 2-means, the higher group), chosen once: run beside
     pfedlia-p2p, it shows what the paper's method does and what our rules add."""
 
     name = "pfedlia-p2p-paper"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
+from p2pfed.influence.evidence import Estimate
 from p2pfed.influence.lazy_influence import score_peers
 from p2pfed.learn.tasks import CLASSIFICATION
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
@@ -17,7 +19,7 @@ class FakeNode:
     """A PeerContext whose peers' partial models are given by the test (their scores: ScoredPFedLIA)."""
 
     def __init__(self, name: str, peers: list[str], scores: dict[str, float], keeps: dict[str, set[str]]) -> None:
-        self.name, self.round = name, 0
+        self.name, self.round, self.seed = name, 0, 0
         self.peers = peers
         self.scores = scores
         self.keeps = keeps  # peer -> kinds of kept model it can give ("w0", "partial")
@@ -69,6 +71,9 @@ class FakeNode:
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         self.loaded = state
 
+    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        return torch.nn.Linear(1, 1)  # the local track: not trained here
+
     def current_state(self) -> dict[str, torch.Tensor]:
         return {"w": torch.zeros(2)}
 
@@ -79,8 +84,9 @@ class FakeNode:
 class ScoredPFedLIA(PFedLIAP2P):
     """pFedLIA whose lazy influence of a peer is the fake node's score for it."""
 
-    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
-        return {p: self.node.scores[p] for p in partials}  # type: ignore[attr-defined]
+    async def score(self, partials: dict[str, dict[str, torch.Tensor]]) -> dict[str, Estimate]:
+        scores = self.node.scores  # type: ignore[attr-defined]
+        return {p: Estimate(scores[p], scores[p], scores[p], 10) for p in partials}
 
 
 SCORES = {"a": 2.0, "b": 1.9, "c": -3.0, "d": -3.1}
@@ -171,6 +177,9 @@ async def test_the_lazy_influence_of_partial_models_is_scored_from_the_kept_w0_o
     node.kept["w0"] = w0
     with torch.no_grad():
         model.weight.add_(5.0)  # the node's model moved on since w0: the scores are still against w0
-    scores = await PFedLIAP2P(node, P2POptions()).score(partials)
     expected = score_peers(model, w0, [partials[n] for n in ["a", "b", "c"]], x_val, y_val, torch.device("cpu"))
-    assert list(scores) == ["a", "b", "c"] and list(scores.values()) == expected
+    paper = await PFedLIAP2PPaper(node, PaperP2POptions()).score(partials)
+    assert list(paper) == ["a", "b", "c"] and [e.mean for e in paper.values()] == expected  # the paper's, exactly
+    ours = await PFedLIAP2P(node, P2POptions()).score(partials)  # the same means, and their bounds
+    assert list(ours) == ["a", "b", "c"] and [e.mean for e in ours.values()] == pytest.approx(expected, abs=1e-6)
+    assert all(e.lower < e.mean < e.upper and e.samples == 20 for e in ours.values())

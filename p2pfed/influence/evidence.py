@@ -1,0 +1,105 @@
+"""What a node's validation split says about a model, sample by sample, and how sure it is.
+
+Lazy influence (eq. 1 of Rokvic et al. 2025) is a mean over the validation split of one loss difference per
+sample. With the 5 to 22 validation samples a node with little data holds, that mean is mostly noise, and the
+paper is silent on it. Here every difference is kept, so that a peer is chosen, kept, dropped or added only
+when its effect is positive (or negative) beyond its uncertainty: a one-sided paired t-test over the
+validation samples, at a documented level (``[methods.pfedlia-p2p] confidence``). Paired, because every
+model is scored on the same samples: what varies from sample to sample (a hard digit, an easy one) cancels.
+
+A verdict drawn over several rounds (``Window``) first averages each sample's differences over the rounds,
+then tests those averages: the rounds' models are scored on the same samples, so samples, not
+(sample, round) pairs, are the independent units.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+from torch import nn
+from torch.func import functional_call
+
+from p2pfed.learn.tasks import CLASSIFICATION, LearningTask
+
+
+@torch.no_grad()
+def sample_losses(model: nn.Module, states: list[dict[str, torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
+                  device: torch.device, task: LearningTask = CLASSIFICATION) -> np.ndarray:
+    """The task's loss of each state (on model's architecture) for each scored unit of (x, y): a
+    (states, units) array; a unit is a sample (a token of a sequence for next-token prediction)."""
+    model = model.to(device).eval()
+    x, y = x.to(device), y.to(device)
+    rows = [task.unit_losses(functional_call(model, {k: v.to(device) for k, v in s.items()}, (x,)), y)
+            for s in states]
+    return torch.stack(rows).double().cpu().numpy() if rows else np.zeros((0, 0))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean effect over the validation samples and its one-sided bounds at the level it was tested at:
+    ``lower > 0``: it helps beyond its uncertainty; ``upper < 0``: it hurts beyond it."""
+
+    mean: float
+    lower: float
+    upper: float
+    samples: int
+
+    @property
+    def helps(self) -> bool:
+        return self.lower > 0
+
+    @property
+    def hurts(self) -> bool:
+        return self.upper < 0
+
+
+def estimate(differences: np.ndarray, confidence: float) -> Estimate:
+    """The mean of per-sample differences and its one-sided t bounds at confidence (0: the mean alone, the
+    bounds equal to it: a point estimate). Fewer than two samples, or a constant difference, say nothing
+    beyond the mean when asked for a level above 0: no variance can be estimated from one sample, and a
+    constant difference on a handful of samples (all zero) is no proof."""
+    d = np.asarray(differences, dtype=np.float64).ravel()
+    d = d[np.isfinite(d)]
+    if not d.size:
+        return Estimate(0.0, -math.inf, math.inf, 0)
+    mean = float(d.mean())
+    if confidence <= 0:
+        return Estimate(mean, mean, mean, int(d.size))
+    if d.size < 2:
+        return Estimate(mean, -math.inf, math.inf, int(d.size))
+    se = float(d.std(ddof=1)) / math.sqrt(d.size)
+    if se == 0.0:
+        return Estimate(mean, -math.inf, math.inf, int(d.size)) if mean == 0 else Estimate(mean, mean, mean, d.size)
+    margin = float(stats.t.ppf(confidence, d.size - 1)) * se
+    return Estimate(mean, mean - margin, mean + margin, int(d.size))
+
+
+class Window:
+    """The last ``rounds`` rounds of per-sample differences of one comparison (with a peer, without it), and
+    the estimate over them once the window is full."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds: deque[np.ndarray] = deque(maxlen=rounds)
+
+    def add(self, differences: np.ndarray) -> None:
+        if self.rounds and len(differences) != len(self.rounds[-1]):
+            self.rounds.clear()  # another validation split (cannot happen within a run): start over
+        self.rounds.append(np.asarray(differences, dtype=np.float64))
+
+    @property
+    def full(self) -> bool:
+        return len(self.rounds) == self.rounds.maxlen
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def estimate(self, confidence: float) -> Estimate:
+        """Each sample's mean difference over the window's rounds, tested over the samples."""
+        if not self.rounds:
+            return Estimate(0.0, -math.inf, math.inf, 0)
+        return estimate(np.mean(np.stack(list(self.rounds)), axis=0), confidence)

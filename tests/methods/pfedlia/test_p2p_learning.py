@@ -1,0 +1,241 @@
+"""pFedLIA-p2p's choice keeps learning, without sockets: a node given one harmful peer drops it, a node whose
+peers all hurt ends where training alone takes it, a late joiner that helps is chosen, and the paper's form
+does none of it. The node is a small linear classifier with real data, losses and training; its peers'
+models are given by the test, round after round, as its round loop (node/learner.py) would hand them over."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from p2pfed.influence.evidence import Estimate, Window, estimate
+from p2pfed.learn.tasks import CLASSIFICATION
+from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
+from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
+from p2pfed.wire import ModelIn, NoteIn
+
+W = 2  # the influence phase's round
+
+
+def data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Points in the plane, labelled by the sign of their first coordinate."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def classifier(scale: float) -> dict[str, torch.Tensor]:
+    """A linear model that says class 1 for x0 > 0 with confidence scale (negative: it says the opposite, as a
+    label flipper's model does)."""
+    return {"weight": torch.tensor([[-scale, 0.0], [scale, 0.0]]), "bias": torch.zeros(2)}
+
+
+class Node:
+    """A PeerContext with a real model, real training (full-batch gradient descent, deterministic) and a real
+    validation split."""
+
+    def __init__(self, peers: list[str], start: dict[str, torch.Tensor]) -> None:
+        self.name, self.round, self.seed, self.samples = "me", 0, 0, 40
+        self.peers = peers
+        self.model = nn.Linear(2, 2)
+        self.model.load_state_dict(start)
+        self.x, self.y = data(40, 1)
+        self.x_val, self.y_val = data(20, 2)
+        self.records: list[tuple[str, dict[str, Any]]] = []
+        self.announced: list[list[str]] = []
+
+    @property
+    def own(self) -> nn.Module:
+        return self.model
+
+    def live_peers(self) -> list[str]:
+        return sorted(self.peers)
+
+    def drawn(self, name: str, rnd: int) -> bool:
+        return True  # everyone trains every round
+
+    def current_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
+        model = nn.Linear(2, 2)
+        if state is not None:
+            model.load_state_dict(state)
+        return model
+
+    async def fit(self, module: nn.Module, *_: Any, **__: Any) -> float:
+        opt = torch.optim.SGD(module.parameters(), lr=0.5)
+        for _step in range(3):
+            opt.zero_grad()
+            loss = CLASSIFICATION.loss(module(self.x), self.y)
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+
+    async def on_validation(self, judge: Any) -> Any:
+        return judge(self.model, self.x_val, self.y_val, torch.device("cpu"), CLASSIFICATION)
+
+    def kept_model(self, kind: str) -> dict[str, torch.Tensor] | None:
+        return None
+
+    def keep(self, models: dict[str, dict[str, torch.Tensor]]) -> None:
+        pass
+
+    async def send_note(self, to: list[str], kind: str, values: dict[str, float]) -> int:
+        self.announced.append(sorted(values))
+        return len(to)
+
+    async def collect(self, kind: str, rnd: int, expected: set[str], timeout: float | None
+                      ) -> dict[str, ModelIn | NoteIn]:
+        return {}
+
+    def record(self, event: str, **fields: Any) -> None:
+        self.records.append((event, fields))
+
+    def accuracy(self) -> float:
+        with torch.no_grad():
+            return float((self.model(self.x_val).argmax(1) == self.y_val).float().mean())
+
+
+async def run(method: PFedLIAP2P, node: Node, peers: dict[str, dict[str, torch.Tensor]], chosen: set[str],
+              rounds: range) -> list[set[str]]:
+    """Choose chosen as the influence phase would (they scored best), then run rounds as the round loop does:
+    before the round, train, take the models of the peers the method takes, aggregate. Return the chosen peers
+    after each round's pre-round work."""
+    await method.choose({p: Estimate(1.0 if p in chosen else -1.0, 0.5 if p in chosen else -2.0, 2.0, 20)
+                         for p in node.peers})
+    seen = []
+    for rnd in rounds:
+        node.round = rnd
+        await method.before_round(rnd)
+        seen.append(set(method.chosen or ()))
+        await method.train(rnd)
+        arrived = {p: ModelIn(p, state, 40) for p, state in peers.items() if p in method.sources(rnd)}
+        new = method.aggregate(rnd, ModelIn("me", node.current_state(), 40), arrived)
+        if new is not None:
+            node.load_state(new)
+    return seen
+
+
+async def test_a_node_given_one_harmful_peer_drops_it_within_a_few_rounds_and_keeps_the_helpful_one() -> None:
+    node = Node(["good", "flipper"], classifier(1.0))
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
+    peers = {"good": classifier(2.0), "flipper": classifier(-2.0)}
+    seen = await run(method, node, peers, {"good", "flipper"}, range(W, W + 8))
+    assert seen[0] == {"good", "flipper"}
+    dropped = next(i for i, s in enumerate(seen) if "flipper" not in s)
+    assert dropped <= 4 and all(s == {"good"} for s in seen[dropped:])  # window 3, then the verdict
+    verdicts = [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"]
+    assert verdicts == [("flipper", "dropped")] and node.announced[-1] == ["good"]  # the flipper stops sending
+    assert [e for e, _ in node.records].count("fallback") == 0 and node.accuracy() > 0.9
+
+
+async def test_a_node_whose_peers_all_hurt_falls_back_and_ends_where_training_alone_takes_it() -> None:
+    start = classifier(0.2)
+    node = Node(["f1", "f2"], start)
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
+    seen = await run(method, node, {"f1": classifier(-3.0), "f2": classifier(-3.0)}, {"f1", "f2"}, range(W, W + 10))
+    alone = Node([], start)  # the same node, training alone from the same model for as many rounds
+    for _ in range(10):
+        await alone.fit(alone.model)
+    assert seen[0] == {"f1", "f2"} and seen[-1] == set()
+    assert [e for e, _ in node.records].count("fallback") == 1
+    fell = next(f for e, f in node.records if e == "fallback")
+    assert fell["dropped"] == ["f1", "f2"] and fell["bound"] < 0
+    for key, value in alone.model.state_dict().items():
+        assert torch.allclose(node.model.state_dict()[key], value), key
+    assert node.accuracy() == alone.accuracy() > 0.9
+
+
+async def test_a_late_joiner_that_helps_is_watched_then_chosen_and_one_that_does_not_is_kept_out() -> None:
+    node = Node(["weak"], classifier(0.3))
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=2, fallback=False))
+    peers = {"weak": classifier(0.3), "late": classifier(4.0)}
+    await method.choose({"weak": Estimate(0.1, 0.05, 0.2, 20)})  # before "late" joined
+    node.peers = ["late", "weak"]
+    seen = []
+    for rnd in range(W, W + 9):
+        node.round = rnd
+        await method.before_round(rnd)
+        seen.append(set(method.chosen or ()))
+        if rnd == W + 2:  # the first probe: the peer never looked at, told to send its models
+            assert method.watched == {"late": rnd} and node.announced[-1] == ["late", "weak"]
+            assert "late" not in method.expected(rnd)  # it may have sent this round's model already
+        arrived = {p: ModelIn(p, s, 40) for p, s in peers.items() if p in method.sources(rnd)}
+        new = method.aggregate(rnd, ModelIn("me", node.current_state(), 40), arrived)
+        if new is not None:
+            node.load_state(new)
+    assert "late" not in seen[2] and "late" in seen[-1]
+    assert ("late", "added") in [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"]
+    assert "late" in [r for e, r in node.records if e == "choice"][-1]["chosen"]
+
+    # a peer whose model would not help is watched and kept out
+    node = Node(["weak"], classifier(0.3))
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=2, fallback=False))
+    await method.choose({"weak": Estimate(0.1, 0.05, 0.2, 20)})
+    node.peers = ["bad", "weak"]
+    peers = {"weak": classifier(0.3), "bad": classifier(-4.0)}
+    watching = {}
+    for rnd in range(W, W + 14):
+        await method.before_round(rnd)
+        watching[rnd] = set(method.watched)
+        arrived = {p: ModelIn(p, s, 40) for p, s in peers.items() if p in method.sources(rnd)}
+        method.aggregate(rnd, ModelIn("me", node.current_state(), 40), arrived)
+    assert method.chosen == {"weak"}
+    assert [f["verdict"] for e, f in node.records if e == "peer"] == ["watched", "kept out", "watched", "kept out"]
+    # watched from the first probe (round 4) to its verdict (7); looked at again only after twice the probes'
+    # interval (4 rounds: at the probe of round 12), and then kept out until 15
+    assert [r for r, w in watching.items() if w] == [4, 5, 6, 12, 13, 14]
+
+
+async def test_the_papers_form_chooses_once_and_never_looks_again() -> None:
+    node = Node(["good", "flipper", "late"], classifier(1.0))
+    method = PFedLIAP2PPaper(node, PaperP2POptions(warmup_rounds=W))
+    seen = await run(method, node, {"good": classifier(2.0), "flipper": classifier(-2.0), "late": classifier(4.0)},
+                     {"good", "flipper"}, range(W, W + 10))
+    assert all(s == {"good", "flipper"} for s in seen) and method.local is None and not method.watched
+    assert [e for e, _ in node.records] == ["choice"]
+
+
+async def test_a_restarted_node_keeps_its_changed_choice_and_starts_its_windows_afresh() -> None:
+    node = Node(["good", "flipper"], classifier(1.0))
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
+    await run(method, node, {"good": classifier(2.0), "flipper": classifier(-2.0)}, {"good", "flipper"},
+              range(W, W + 6))
+    again = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
+    again.restore(method.state())
+    assert again.chosen == {"good"} and again.scores == method.scores and again.windows == {}
+    assert again.local is not None  # a local track again, from the model it resumed with
+
+
+def test_a_paired_estimate_is_sure_only_beyond_its_uncertainty() -> None:
+    rng = np.random.default_rng(0)
+    assert estimate(rng.normal(0.5, 0.1, 20), 0.9).helps  # a clear gain
+    noisy = estimate(rng.normal(0.05, 1.0, 5), 0.9)  # a small mean on five noisy samples: no verdict
+    assert not noisy.helps and not noisy.hurts and noisy.lower < noisy.mean < noisy.upper
+    assert estimate(np.array([-1.0, -1.2, -0.9, -1.1]), 0.9).hurts
+    # the bound is the one-sided t bound: mean − t(0.9, n−1)·sd/√n
+    d = np.array([0.3, 0.1, 0.4, 0.2])
+    assert estimate(d, 0.9).lower == pytest.approx(0.25 - 1.6377443 * d.std(ddof=1) / 2, rel=1e-6)
+    assert estimate(d, 0.0).lower == estimate(d, 0.0).mean == 0.25  # level 0: the mean alone
+    one = estimate(np.array([5.0]), 0.9)
+    assert one.lower == -math.inf and one.upper == math.inf  # one sample: no verdict either way
+    assert estimate(np.zeros(8), 0.9).lower == -math.inf  # no difference at all is no proof
+
+
+def test_a_window_averages_each_samples_differences_over_its_rounds_before_testing() -> None:
+    w = Window(2)
+    w.add(np.array([1.0, -1.0, 0.5]))
+    assert not w.full
+    w.add(np.array([0.0, 1.0, 0.5]))
+    w.add(np.array([1.0, 0.0, 0.5]))  # the oldest round leaves
+    assert w.full and w.estimate(0.0).mean == pytest.approx(np.mean([0.5, 0.5, 0.5]))
+    assert w.estimate(0.0).samples == 3
