@@ -69,7 +69,6 @@ class PFedLIAP2P(Method):
         super().__init__(node, options)
         self.chosen: set[str] | None = None  # None until the influence phase ran
         self.choosers: set[str] = set()  # peers that chose (or watch) this node: they get its model
-        self.chosen_scores: dict[str, float] = {}
         self.scores: dict[str, float] = {}  # every score of the choice, for its records
         self.watched: dict[str, int] = {}  # a probed peer: the round its watch began
         self.looked: dict[str, int] = {}  # every peer scored or probed: the round it last was
@@ -79,6 +78,16 @@ class PFedLIAP2P(Method):
         self.windows: dict[str, Window] = {}  # a chosen or watched peer's evidence, and LOCAL's
         self.last: tuple[ModelIn | None, dict[str, ModelIn], dict[str, ModelIn]] | None = None
         self.scale = 1.0  # w0's mean validation loss: what margin is a share of
+
+    @property
+    def chosen_scores(self) -> dict[str, float]:
+        """The chosen peers' influence."""
+        return {p: self.scores.get(p, 0.0) for p in sorted(self.chosen or ())}
+
+    def told(self) -> dict[str, float]:
+        """What the node's "choices" note says: the peers that are to send it their models (the chosen and the
+        watched), with their influence (0 for a peer never scored)."""
+        return {p: self.scores.get(p, 0.0) for p in sorted((self.chosen or set()) | set(self.watched))}
 
     @property
     def keeps_learning(self) -> bool:
@@ -194,12 +203,11 @@ class PFedLIAP2P(Method):
         chosen = select_peers(scores, self.options.gap, self.options.selection, lower)
         self.chosen = set(chosen)
         self.scores = scores
-        self.chosen_scores = {p: scores[p] for p in chosen}
         self.looked.update(dict.fromkeys(scores, self.node.round))
         self.start_local()
         fields: dict[str, Any] = {"lower": lower} if lower is not None else {}
         self.node.record("choice", scores=scores, chosen=sorted(chosen), **fields)  # what the report reads
-        await self.node.send_note(self.node.live_peers(), "choices", self.chosen_scores)
+        await self.node.send_note(self.node.live_peers(), "choices", self.told())
 
     # -- the choice that keeps learning (beyond the paper) -------------------------------------------
     def start_local(self) -> None:
@@ -213,7 +221,7 @@ class PFedLIAP2P(Method):
 
     async def train(self, rnd: int) -> float | None:
         loss = await self.node.fit(self.node.own)
-        if self.local is not None and self.chosen:
+        if self.local is not None:  # (kept only while the node has chosen peers: start_local)
             await self.node.fit(self.local)  # the local track: the same training, on the node's data only
         return loss
 
@@ -239,9 +247,7 @@ class PFedLIAP2P(Method):
                 self.windows = {k: w for k, w in self.windows.items() if k in self.chosen or k in self.watched
                                 or k == LOCAL}
             self.start_local()
-            named = {p: self.scores.get(p, 0.0) for p in (self.chosen or set()) | set(self.watched)}
-            self.chosen_scores = {p: v for p, v in named.items() if p in (self.chosen or ())}
-            await self.node.send_note(self.node.live_peers(), "choices", named)
+            await self.node.send_note(self.node.live_peers(), "choices", self.told())
 
     async def weigh(self, own: ModelIn | None, group: dict[str, ModelIn], watched: dict[str, ModelIn]) -> None:
         """Add the last round's evidence to the windows, from the node's validation split: for each chosen peer
@@ -255,7 +261,9 @@ class PFedLIAP2P(Method):
             if without is not None:
                 states["-" + peer] = without
         for peer in sorted(watched):
-            states["+" + peer] = combined(own, {**group, peer: watched[peer]}) or watched[peer].state
+            added = group_average(own, {**group, peer: watched[peer]})
+            assert added is not None  # (something arrived: the peer's model)
+            states["+" + peer] = added
         if self.local is not None and group:
             states["local"] = self.local.state_dict()
         if len(states) < 2:
@@ -368,8 +376,7 @@ class PFedLIAP2P(Method):
         """A peer (re)appeared, e.g. restarted from an older checkpoint: tell it again whom this node chose,
         so it knows to send this node its models."""
         if self.chosen is not None:
-            named = {p: self.scores.get(p, 0.0) for p in self.chosen | set(self.watched)}
-            await self.node.send_note([peer], "choices", named)
+            await self.node.send_note([peer], "choices", self.told())
 
     def report(self) -> dict[str, Any]:
         return {"chosen": sorted(self.chosen) if self.chosen is not None else None}
@@ -386,9 +393,9 @@ class PFedLIAP2P(Method):
         chosen = state.get("chosen")
         self.chosen = set(chosen) if chosen is not None else None
         self.choosers = set(state.get("choosers", []))
-        self.chosen_scores = dict(state.get("chosen_scores", {}))
         self.watched = {str(p): int(r) for p, r in state.get("watched", {}).items()}
-        self.scores = dict(state.get("scores", self.chosen_scores))
+        # a checkpoint written before the choice kept learning has only the chosen peers' scores
+        self.scores = dict(state.get("scores", state.get("chosen_scores", {})))
         self.looked = {str(p): int(r) for p, r in state.get("looked", {}).items()}
         self.refused = {str(p): int(n) for p, n in state.get("refused", {}).items()}
         self.scale = float(state.get("scale", 1.0))
