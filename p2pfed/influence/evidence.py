@@ -7,6 +7,7 @@ when its effect is positive (or negative) beyond its uncertainty: a one-sided pa
 validation samples, at a documented level (``[methods.pfedlia-p2p] confidence``). Paired, because every
 model is scored on the same samples: what varies from sample to sample (a hard digit, an easy one) cancels.
 
+The per-sample losses come from lazy_influence.sample_losses (batched on CUDA as the influence scores are).
 A verdict drawn over several rounds (``Window``) first averages each sample's differences over the rounds,
 then tests those averages: the rounds' models are scored on the same samples, so samples, not
 (sample, round) pairs, are the independent units.
@@ -19,24 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from scipy import stats
-from torch import nn
-from torch.func import functional_call
-
-from p2pfed.learn.tasks import CLASSIFICATION, LearningTask
-
-
-@torch.no_grad()
-def sample_losses(model: nn.Module, states: list[dict[str, torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
-                  device: torch.device, task: LearningTask = CLASSIFICATION) -> np.ndarray:
-    """The task's loss of each state (on model's architecture) for each scored unit of (x, y): a
-    (states, units) array; a unit is a sample (a token of a sequence for next-token prediction)."""
-    model = model.to(device).eval()
-    x, y = x.to(device), y.to(device)
-    rows = [task.unit_losses(functional_call(model, {k: v.to(device) for k, v in s.items()}, (x,)), y)
-            for s in states]
-    return torch.stack(rows).double().cpu().numpy() if rows else np.zeros((0, 0))
 
 
 @dataclass(frozen=True)

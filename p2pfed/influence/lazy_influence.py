@@ -13,7 +13,9 @@ docs/performance.md). Both give the same scores.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
@@ -71,20 +73,53 @@ def score_peers(model: nn.Module, w0: dict[str, torch.Tensor], partials: list[di
     model = model.to(device).eval()
     x, y = x_val.to(device), y_val.to(device)
     base = validation_loss(model, w0, x, y, device, task)
-    if chunk is None:
-        per_model = activation_bytes(model, x) + sum(t.numel() * t.element_size() for t in w0.values())
-        chunk = max(1, min(len(partials), 16, memory_budget // max(1, per_model)))
 
     def loss_of(params: dict[str, torch.Tensor]) -> torch.Tensor:
         return task.loss(functional_call(model, params, (x,)), y)
 
-    batched_loss = vmap(loss_of)
-    losses: list[float] = []
-    for start in range(0, len(partials), chunk):
-        group = partials[start:start + chunk]
-        stacked = {k: torch.stack([p[k] for p in group]).to(device) for k in group[0]}
-        losses.extend(batched_loss(stacked).tolist())
+    losses = stacked(model, partials, x, loss_of, chunk, memory_budget).tolist()
     return [base - loss for loss in losses]
+
+
+def stacked(model: nn.Module, states: list[dict[str, torch.Tensor]], x: torch.Tensor,
+            loss_of: Callable[[dict[str, torch.Tensor]], torch.Tensor], chunk: int | None, memory_budget: int
+            ) -> torch.Tensor:
+    """loss_of of every state, vmapped over the states stacked chunk at a time (x already on the device):
+    by default the chunk is as large as memory_budget allows for the activations of the stacked models, at
+    most 16. One row per state."""
+    if chunk is None:
+        per_model = activation_bytes(model, x) + sum(t.numel() * t.element_size() for t in states[0].values())
+        chunk = max(1, min(len(states), 16, memory_budget // max(1, per_model)))
+    batched_loss = vmap(loss_of)
+    rows = []
+    for start in range(0, len(states), chunk):
+        group = states[start:start + chunk]
+        rows.append(batched_loss({k: torch.stack([p[k] for p in group]).to(x.device) for k in group[0]}))
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def sample_losses(model: nn.Module, states: list[dict[str, torch.Tensor]], x: torch.Tensor, y: torch.Tensor,
+                  device: torch.device, task: LearningTask = CLASSIFICATION, batched: bool | None = None,
+                  chunk: int | None = None, memory_budget: int = 256 << 20) -> np.ndarray:
+    """The task's loss of each state (on model's architecture) for each scored unit of (x, y): a (states,
+    units) array; a unit is a sample (a token of a sequence for next-token prediction). Batched as
+    score_peers is (on CUDA by default), with the same results."""
+    if not states:
+        return np.zeros((0, 0))
+    if batched is None:
+        batched = device.type == "cuda"
+    model = model.to(device).eval()
+    x, y = x.to(device), y.to(device)
+    if batched:
+        def loss_of(params: dict[str, torch.Tensor]) -> torch.Tensor:
+            return task.loss(functional_call(model, params, (x,)), y, reduction="none").reshape(-1)
+
+        losses = stacked(model, states, x, loss_of, chunk, memory_budget)[:, task.scored(y)]
+    else:
+        losses = torch.stack([task.unit_losses(functional_call(model, {k: v.to(device) for k, v in s.items()},
+                                                               (x,)), y) for s in states])
+    return losses.double().cpu().numpy()
 
 
 @torch.no_grad()

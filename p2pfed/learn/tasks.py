@@ -30,9 +30,13 @@ class LearningTask:
         """What the model says for each sample (compared with the targets by metrics)."""
         raise NotImplementedError
 
+    def scored(self, target: torch.Tensor) -> torch.Tensor:
+        """Which of the flat targets a loss scores (a mask): every sample; for sequences, every token but padding."""
+        return torch.ones(target.numel(), dtype=torch.bool, device=target.device)
+
     def unit_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss of each scored unit, flat: what the mean loss averages (a sample; a token of a sequence)."""
-        return self.loss(output, target, reduction="none").reshape(-1)
+        return self.loss(output, target, reduction="none").reshape(-1)[self.scored(target)]
 
     def metrics(self, predicted: np.ndarray, target: np.ndarray) -> tuple[float, float]:
         """(accuracy, macro-F1) of the predictions: the figures every run reports per node and round."""
@@ -75,9 +79,8 @@ class NextToken(LearningTask):
     def loss(self, output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         return F.cross_entropy(output.flatten(0, -2), target.flatten(), ignore_index=PAD, reduction=reduction)
 
-    def unit_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Each token's loss, the padding left out."""
-        return super().unit_losses(output, target)[target.flatten() != PAD]
+    def scored(self, target: torch.Tensor) -> torch.Tensor:
+        return target.flatten() != PAD
 
     def predict(self, output: torch.Tensor) -> torch.Tensor:
         return output.argmax(-1)

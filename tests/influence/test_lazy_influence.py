@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from p2pfed.influence.lazy_influence import score_peers, score_peers_one_by_one
+from p2pfed.influence.lazy_influence import sample_losses, score_peers, score_peers_one_by_one
 from p2pfed.learn.datasets import load_dataset
 from p2pfed.learn.models import build_model
+from p2pfed.learn.tasks import NEXT_TOKEN, PAD
 from p2pfed.learn.train import state_of, train_copy
 
 CPU = torch.device("cpu")
@@ -30,6 +31,27 @@ def test_same_distribution_peers_score_higher_and_batched_equals_looped() -> Non
     assert min(batched[:2]) > 0 > max(batched[2:])
     assert score_peers(model, w0, partials, x_val, y_val, CPU) == looped  # the CPU default is the loop
     assert score_peers(model, w0, [], x_val, y_val, CPU) == []
+    # per sample, batched (CUDA's default) or looped alike; their means are the scores
+    per_sample = sample_losses(model, [w0, *partials], x_val, y_val, CPU, batched=True, chunk=2)
+    assert per_sample.shape == (5, len(y_val))
+    assert torch.allclose(torch.tensor(per_sample), torch.tensor(sample_losses(model, [w0, *partials], x_val, y_val,
+                                                                               CPU)), atol=1e-5)
+    assert torch.allclose(torch.tensor(per_sample[0] - per_sample[1:]).mean(1), torch.tensor(looped).double(),
+                          atol=1e-5)
+
+
+def test_per_token_losses_leave_the_padding_out_batched_or_not() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7))
+    x = torch.randint(0, 7, (3, 5))
+    y = torch.randint(0, 7, (3, 5))
+    y[0, 3:] = PAD
+    y[2, 1:] = PAD
+    states = [{k: v + 0.1 * i for k, v in model.state_dict().items()} for i in range(3)]
+    looped = sample_losses(model, states, x, y, CPU, NEXT_TOKEN)
+    batched = sample_losses(model, states, x, y, CPU, NEXT_TOKEN, batched=True)
+    assert looped.shape == batched.shape == (3, 15 - 2 - 4)  # every token but the six of padding
+    assert torch.allclose(torch.tensor(looped), torch.tensor(batched), atol=1e-5)
 
 
 def test_training_a_partial_model_leaves_the_nodes_own_model_as_it_was() -> None:

@@ -43,8 +43,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from p2pfed.influence.evidence import Estimate, Window, estimate, sample_losses
-from p2pfed.influence.lazy_influence import score_peers
+from p2pfed.influence.evidence import Estimate, Window, estimate
+from p2pfed.influence.lazy_influence import sample_losses, score_peers
 from p2pfed.influence.selection import select_peers
 from p2pfed.methods.base import Method, PeerContext, group_average, shared_number
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
