@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -253,25 +254,22 @@ class PFedLIAP2P(Method):
         """Add the last round's evidence to the windows, from the node's validation split: for each chosen peer
         that sent, its aggregate without the peer against with it (positive: the peer helps); for each watched
         peer that sent, the aggregate with the peer's model added against without; the aggregate against the
-        local track."""
+        local track. The models are built and scored in a worker thread, off the event loop."""
         now = self.node.current_state()  # the last round's aggregate
-        states: dict[str, dict[str, torch.Tensor]] = {"": now}
-        for peer in sorted(group):
-            without = combined(own, {p: m for p, m in group.items() if p != peer})
-            if without is not None:
-                states["-" + peer] = without
-        for peer in sorted(watched):
-            added = group_average(own, {**group, peer: watched[peer]})
-            assert added is not None  # (something arrived: the peer's model)
-            states["+" + peer] = added
-        if self.local is not None and group:
-            states["local"] = self.local.state_dict()
-        if len(states) < 2:
+        members = {**group, **({"": own} if own is not None else {})}  # "" is no peer's name
+        local = self.local.state_dict() if self.local is not None and group else None
+
+        def judge(model: nn.Module, x_val: torch.Tensor, y_val: torch.Tensor, device: torch.device,
+                  task: Any) -> tuple[list[str], np.ndarray]:
+            states = {"": now, **variants(members, sorted(group), watched)}
+            if local is not None:
+                states["local"] = local
+            keys = list(states)
+            return keys, sample_losses(model, [states[k] for k in keys], x_val, y_val, device, task)
+
+        if not group and not watched:
             return
-        keys = list(states)
-        losses = await self.node.on_validation(
-            lambda model, x_val, y_val, device, task: sample_losses(model, [states[k] for k in keys], x_val, y_val,
-                                                                    device, task))
+        keys, losses = await self.node.on_validation(judge)
         row = dict(zip(keys, losses, strict=True))
         for key, value in row.items():
             if key == "":
@@ -408,11 +406,29 @@ def corrected(confidence: float, tests: int) -> float:
     return 1 - (1 - confidence) / tests if confidence > 0 and tests > 1 else confidence
 
 
-def combined(own: ModelIn | None, group: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
-    """The node's aggregate of own and group, as ``aggregate`` makes it: own alone when nothing else came;
-    None when there is nothing."""
-    avg = group_average(own, group)
-    return avg if avg is not None else (own.state if own is not None else None)
+def variants(members: dict[str, ModelIn], without: list[str], added: dict[str, ModelIn]
+             ) -> dict[str, dict[str, torch.Tensor]]:
+    """The sample-weighted average of members without each of ``without`` ("-NAME") and with each of ``added``
+    ("+NAME"), from one weighted sum: one pass over the models, not one average per variant. (Integer buffers
+    take the first member's, as weighted_average does; a variant with no weight left is left out.)"""
+    if not members:
+        return {f"+{p}": m.state for p, m in added.items()}
+    total = float(sum(m.samples for m in members.values()))
+    first = next(iter(members.values())).state
+    floats = [k for k, v in first.items() if v.is_floating_point()]
+    summed = {k: sum(m.state[k].to(torch.float32) * float(m.samples) for m in members.values()) for k in floats}
+
+    def average(change: float, sign: float, model: ModelIn) -> dict[str, torch.Tensor]:
+        out = {k: v.clone() for k, v in first.items() if k not in summed}
+        for k, acc in summed.items():
+            moved = acc + sign * model.state[k].to(torch.float32) * float(model.samples)
+            out[k] = (moved / change).to(first[k].dtype)
+        return out
+
+    result = {f"-{p}": average(total - members[p].samples, -1.0, members[p]) for p in without
+              if total - members[p].samples > 0}
+    result.update({f"+{p}": average(total + m.samples, 1.0, m) for p, m in sorted(added.items())})
+    return result
 
 
 class PFedLIAP2PPaper(PFedLIAP2P):

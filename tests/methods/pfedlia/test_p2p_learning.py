@@ -15,8 +15,9 @@ from torch import nn
 
 from p2pfed.influence.evidence import Estimate, Window, estimate
 from p2pfed.learn.tasks import CLASSIFICATION
+from p2pfed.learn.train import weighted_average
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
-from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper
+from p2pfed.methods.pfedlia.p2p import PFedLIAP2P, PFedLIAP2PPaper, variants
 from p2pfed.wire import ModelIn, NoteIn
 
 W = 2  # the influence phase's round
@@ -239,3 +240,19 @@ def test_a_window_averages_each_samples_differences_over_its_rounds_before_testi
     w.add(np.array([1.0, 0.0, 0.5]))  # the oldest round leaves
     assert w.full and w.estimate(0.0).mean == pytest.approx(np.mean([0.5, 0.5, 0.5]))
     assert w.estimate(0.0).samples == 3
+
+
+def test_the_averages_weighed_each_round_are_the_groups_average_without_or_with_one_model() -> None:
+    torch.manual_seed(0)
+    models = {p: ModelIn(p, {"w": torch.randn(3), "n": torch.tensor(i)}, samples)
+              for i, (p, samples) in enumerate([("a", 10), ("b", 30), ("me", 20)])}
+    extra = {"x": ModelIn("x", {"w": torch.randn(3), "n": torch.tensor(9)}, 40)}
+    got = variants(models, ["a", "b"], extra)
+    for key, group in [("-a", ["b", "me"]), ("-b", ["a", "me"]), ("+x", ["a", "b", "me", "x"])]:
+        chosen = [{**models, **extra}[p] for p in group]
+        want = weighted_average([m.state for m in chosen], [float(m.samples) for m in chosen])
+        assert torch.allclose(got[key]["w"], want["w"], atol=1e-6), key
+        assert got[key]["n"] == 0  # an integer buffer is the first member's
+    alone = variants({"a": models["a"]}, ["a"], extra)
+    assert list(alone) == ["+x"]  # without its only member nothing is left to weigh
+    assert torch.allclose(variants({}, [], extra)["+x"]["w"], extra["x"].state["w"])
