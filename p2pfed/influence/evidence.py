@@ -42,6 +42,19 @@ class Estimate:
         return self.upper < 0
 
 
+ROUNDING = 1e-5  # relative: loss differences below it are float32 rounding, not evidence
+
+
+def paired_differences(base: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Per-sample base − other, each loss difference within rounding of the losses set to 0: a model that scores
+    as another does up to rounding (a free-rider's untouched copy of w0, scored in a batch beside w0 itself) is
+    no evidence either way, where its differences of ±1e-8 would look sure of a sign."""
+    base, other = np.asarray(base, dtype=np.float64), np.asarray(other, dtype=np.float64)
+    d = base - other
+    d[np.abs(d) <= ROUNDING * np.maximum(np.abs(base), np.abs(other))] = 0.0
+    return d
+
+
 def estimate(differences: np.ndarray, confidence: float) -> Estimate:
     """The mean of per-sample differences and its one-sided t bounds at confidence (0: the mean alone, the
     bounds equal to it: a point estimate). Fewer than two samples, or a constant difference, say nothing

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from p2pfed.influence.evidence import Estimate, Window, estimate
+from p2pfed.influence.evidence import Estimate, Window, estimate, paired_differences
 from p2pfed.learn.tasks import CLASSIFICATION
 from p2pfed.learn.train import weighted_average
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
@@ -160,7 +160,7 @@ async def test_a_late_joiner_that_helps_is_watched_then_chosen_and_one_that_does
     node = Node(["weak"], classifier(0.3))
     method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=2, fallback=False))
     peers = {"weak": classifier(0.3), "late": classifier(4.0)}
-    await method.choose({"weak": Estimate(0.1, 0.05, 0.2, 20)})  # before "late" joined
+    await method.choose({"weak": Estimate(0.3, 0.2, 0.4, 20)})  # before "late" joined
     node.peers = ["late", "weak"]
     seen = []
     for rnd in range(W, W + 9):
@@ -181,7 +181,7 @@ async def test_a_late_joiner_that_helps_is_watched_then_chosen_and_one_that_does
     # a peer whose model would not help is watched and kept out
     node = Node(["weak"], classifier(0.3))
     method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=2, fallback=False))
-    await method.choose({"weak": Estimate(0.1, 0.05, 0.2, 20)})
+    await method.choose({"weak": Estimate(0.3, 0.2, 0.4, 20)})
     node.peers = ["bad", "weak"]
     peers = {"weak": classifier(0.3), "bad": classifier(-4.0)}
     watching = {}
@@ -256,3 +256,48 @@ def test_the_averages_weighed_each_round_are_the_groups_average_without_or_with_
     alone = variants({"a": models["a"]}, ["a"], extra)
     assert list(alone) == ["+x"]  # without its only member nothing is left to weigh
     assert torch.allclose(variants({}, [], extra)["+x"]["w"], extra["x"].state["w"])
+
+
+async def test_a_peer_that_helps_w0_less_than_the_margin_or_only_by_rounding_is_not_chosen() -> None:
+    w0 = classifier(0.1)
+    node = Node(["slight", "copy"], w0)
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W))  # margin 0.1 of w0's loss
+    scored = await method.score({"slight": classifier(0.11), "copy": {k: v.clone() for k, v in w0.items()}})
+    # the slight gain is real and sure (lower bound > 0) but small; the copy's differences are all rounding
+    assert scored["slight"].lower > 0 and scored["slight"].mean < 0.1 * method.scale
+    assert scored["copy"].mean == 0 and not scored["copy"].helps
+    await method.choose(scored)
+    assert method.chosen == set()
+    again = PFedLIAP2P(node, P2POptions(warmup_rounds=W, margin=0.0))  # without the margin: chosen
+    await again.choose(await again.score({"slight": classifier(0.11)}))
+    assert again.chosen == {"slight"}
+
+
+def test_rounding_of_the_losses_is_no_evidence() -> None:
+    base = np.array([2.3, 0.5, 1.0])
+    same = base * (1 + np.array([1e-7, -2e-7, 5e-8]))  # what a batch of the same model gives beside it
+    assert not paired_differences(base, same).any()
+    assert paired_differences(base, base - 0.01) == pytest.approx([0.01] * 3)
+
+
+async def test_a_harmful_peer_that_sends_every_other_round_is_dropped_not_the_whole_group() -> None:
+    """The local track is weighed every round, a peer drawn half the time sends half as often: when the local
+    track's window says the group does worse, a peer whose (shorter) evidence already shows harm is dropped and
+    the good peer kept, where the whole group was given up before."""
+    node = Node(["good", "noise"], classifier(0.2))
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
+    await method.choose({p: Estimate(1.0, 0.5, 2.0, 20) for p in node.peers})
+    peers = {"good": classifier(2.0), "noise": classifier(-6.0)}
+    seen = []
+    for rnd in range(W, W + 8):
+        node.round = rnd
+        await method.before_round(rnd)
+        seen.append(set(method.chosen or ()))
+        await method.train(rnd)
+        sending = {"good"} | ({"noise"} if rnd % 2 else set())
+        arrived = {p: ModelIn(p, s, 40) for p, s in peers.items() if p in method.sources(rnd) and p in sending}
+        new = method.aggregate(rnd, ModelIn("me", node.current_state(), 40), arrived)
+        if new is not None:
+            node.load_state(new)
+    assert seen[-1] == {"good"} and [e for e, _ in node.records].count("fallback") == 0
+    assert [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"] == [("noise", "dropped")]
