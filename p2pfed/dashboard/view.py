@@ -3,6 +3,7 @@
     {"source": "...", "live": bool, "methods": {METHOD: {
         "members": [{"name", "role", "state", "round", "age"}],   # nodes (and a coordinator) of that method
         "chosen": {node: [peers]},                              # each node's chosen peers
+        "dropped": {node: [peers]},                             # peers a node dropped from its choice
         "groups": {node: group},                                # discovered groups (mutual choices, or the
                                                                 #   coordinator's grouping); -1: none yet
         "curves": {node: {"rounds": [], "accuracy": [], "loss": []}},   # loss null where not known
@@ -26,12 +27,14 @@ from p2pfed.report.results import CHOICE
 
 def method_view(members: list[dict[str, Any]], chosen: Mapping[str, list[str]],
                 curves: Mapping[str, dict[str, list[Any]]], scores: Mapping[str, Mapping[str, float]],
-                assignment: Mapping[str, int] | None = None) -> dict[str, Any]:
+                assignment: Mapping[str, int] | None = None, dropped: Mapping[str, list[str]] | None = None
+                ) -> dict[str, Any]:
     """One method's part of the view; groups from the coordinator's assignment, else from mutual choices."""
     groups = {n: int(g) for n, g in assignment.items()} if assignment else (
         mutual_clusters({n: list(c) for n, c in chosen.items()}) if chosen else {})
     return {"members": sorted(members, key=lambda m: (m["role"] != "coordinator", m["name"])),
             "chosen": {n: sorted(c) for n, c in sorted(chosen.items())}, "groups": groups,
+            "dropped": {n: sorted(d) for n, d in sorted((dropped or {}).items()) if d},
             "curves": dict(sorted(curves.items())), "scores": {n: dict(s) for n, s in sorted(scores.items())}}
 
 
@@ -58,7 +61,8 @@ def methods_of(members: list[dict[str, Any]], learning: Mapping[str, Mapping[str
     for member in members:
         info = learning.get(member["name"], {})
         part = by_method.setdefault(method or info.get("method") or "(not learning yet)",
-                                    {"members": [], "chosen": {}, "curves": {}, "scores": {}, "assignment": {}})
+                                    {"members": [], "chosen": {}, "curves": {}, "scores": {}, "assignment": {},
+                                     "dropped": {}})
         part["members"].append(member)
         if not info:
             continue
@@ -67,13 +71,14 @@ def methods_of(members: list[dict[str, Any]], learning: Mapping[str, Mapping[str
                                       if known(n))
             continue
         part["chosen"][member["name"]] = [p for p in info["chosen"] if known(p)]
+        part["dropped"][member["name"]] = [p for p in info.get("dropped", []) if known(p)]
         part["curves"][member["name"]] = {"rounds": list(info["rounds"]), "accuracy": list(info["accuracy"]),
                                           "loss": [None if x < 0 else x for x in info["loss"]]}
         if info["names"] and not info["groups"]:
             part["scores"][member["name"]] = {n: v for n, v in zip(info["names"], info["values"], strict=False)
                                               if known(n)}
-    return {m: method_view(p["members"], p["chosen"], p["curves"], p["scores"], p["assignment"] or None)
-            for m, p in sorted(by_method.items())}
+    return {m: method_view(p["members"], p["chosen"], p["curves"], p["scores"], p["assignment"] or None,
+                           p["dropped"]) for m, p in sorted(by_method.items())}
 
 
 def run_view(run_dir: Path) -> dict[str, Any]:

@@ -163,13 +163,14 @@ KIND = Text(32)
 NOTE_VALUE = Num(-1e9, 1e9)
 
 # What a learning member tells whoever asks for its status (p2pfed dashboard): its method, its last CURVE
-# evaluations (round, accuracy, loss; -1: no loss), the peers it chose, its scores of peers (names and values
+# evaluations (round, accuracy, loss; -1: no loss), the peers it chose, the peers it dropped from its choice
+# (absent from a member that drops none, or from one older than the field), its scores of peers (names and values
 # pair up) and, from a coordinator, its grouping of nodes (names and groups pair up). Nothing of its data.
 CURVE = 200
 LEARNING = {"method": Text(64), "rounds": Many(ROUND, CURVE), "accuracy": Many(Num(0.0, 1.0), CURVE),
             "loss": Many(Num(-1.0, 1e9), CURVE), "chosen": Many(NAME_SPEC, MAX_PEERS_LISTED),
             "names": Many(NAME_SPEC, MAX_PEERS_LISTED), "values": Many(NOTE_VALUE, MAX_PEERS_LISTED),
-            "groups": Many(Int(-1, 1 << 20), MAX_PEERS_LISTED)}
+            "groups": Many(Int(-1, 1 << 20), MAX_PEERS_LISTED), "dropped": Opt(Many(NAME_SPEC, MAX_PEERS_LISTED))}
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     # membership

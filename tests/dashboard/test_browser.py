@@ -94,3 +94,43 @@ def test_the_page_shows_the_live_mesh_and_its_updates(mesh: str, tmp_path: Path)
         finally:
             browser.close()
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+def test_the_page_shows_a_peer_dropped_from_a_nodes_choice(tmp_path: Path) -> None:
+    """A run folder in which n00 dropped n02 (pfedlia-p2p's choice keeps learning): a red dashed edge from n00
+    to n02 in the graph, and n02 in n00's "dropped" cell."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.dashboard.test_view import write_run
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("the browser tests need Debian's chromium: bash tests/run.sh installs it")
+    write_run(tmp_path / "run")
+    port = free_port()
+    proc = p2pfed("dashboard", str(tmp_path / "run"), "--port", str(port), log=tmp_path / "dashboard.log")
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 1000})
+                deadline = time.monotonic() + 60
+                while True:  # the dashboard process may still be starting
+                    try:
+                        page.goto(f"http://127.0.0.1:{port}/")
+                        break
+                    except Exception:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.5)
+                page.get_by_role("button", name="pfedlia-p2p").click()
+                dropped = page.locator("#graph line.dropped-edge")
+                expect(dropped).to_have_count(1, timeout=30_000)
+                assert dropped.evaluate("e => e.dataset.from + '>' + e.dataset.to") == "n00>n02"
+                cell = page.locator("#members tbody tr[data-name=n00] td").nth(7)
+                expect(cell).to_have_text("n02")
+                expect(cell).to_have_class("dropped")
+                expect(page.locator("#members tbody tr[data-name=n01] td").nth(7)).to_have_text("–")
+            finally:
+                browser.close()
+    finally:
+        stop(proc)

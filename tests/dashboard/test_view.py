@@ -25,6 +25,7 @@ from p2pfed.net.endpoint import Endpoint, MeshOptions, query_status
 from p2pfed.net.progress import Progress
 from p2pfed.report.records import append_record
 from p2pfed.wire import Message
+from p2pfed.wire.messages import check_body
 from tests.helpers import wait_until
 
 FAST = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=6, join_timeout=1.0)
@@ -99,6 +100,13 @@ def write_run(run: Path) -> None:
         path = p2p / f"{node}.jsonl"
         append_record(path, "round", node, "pfedlia-p2p", 0, accuracy=acc - 0.2, loss=1.0)
         append_record(path, "choice", node, "pfedlia-p2p", 1, chosen=chosen, scores={"n00": 0.1, "n02": -0.2})
+        # n00 had chosen n02 too and dropped it (pfedlia-p2p's choice keeps learning); n01 dropped it, then took it
+        # back
+        if node == "n00":
+            append_record(path, "peer", node, "pfedlia-p2p", 1, peer="n02", verdict="dropped")
+        if node == "n01":
+            append_record(path, "fallback", node, "pfedlia-p2p", 1, dropped=["n02"])
+            append_record(path, "peer", node, "pfedlia-p2p", 1, peer="n02", verdict="added")
         append_record(path, "round", node, "pfedlia-p2p", 1, accuracy=acc, loss=float("nan"))
         append_record(path, "final", node, "pfedlia-p2p", 1, accuracy=acc, loss=0.5, chosen=chosen)
     append_record(central / "coordinator.jsonl", "final", "coordinator", "fesem", 2, assignment={"n00": 1, "n01": 0})
@@ -112,11 +120,12 @@ def test_a_run_folder_is_seen_through_its_records(tmp_path: Path) -> None:
     assert not view["live"] and sorted(view["methods"]) == ["fesem", "pfedlia-p2p"]
     m = view["methods"]["pfedlia-p2p"]
     assert m["chosen"] == {"n00": ["n01"], "n01": ["n00"], "n02": []}
+    assert m["dropped"] == {"n00": ["n02"]}  # n01 chose n02 again after dropping it
     assert m["groups"]["n00"] == m["groups"]["n01"] != m["groups"]["n02"]
     assert m["curves"]["n00"] == {"rounds": [0, 1], "accuracy": [pytest.approx(0.7), 0.9], "loss": [1.0, 0.5]}
     assert {x["name"]: x["state"] for x in m["members"]} == dict.fromkeys(["n00", "n01", "n02"], "finished")
     c = view["methods"]["fesem"]
-    assert c["groups"] == {"n00": 1, "n01": 0}  # the coordinator's grouping
+    assert c["groups"] == {"n00": 1, "n01": 0} and c["dropped"] == {}  # the coordinator's grouping
     assert [(x["name"], x["role"], x["state"]) for x in c["members"]] == [
         ("coordinator", "coordinator", "finished"), ("n00", "node", "crashed")]
     assert run_view(tmp_path / "run" / "pfedlia-p2p")["methods"].keys() == {"pfedlia-p2p"}  # one method's folder
@@ -200,3 +209,20 @@ async def test_a_status_is_answered_even_when_the_progress_it_would_tell_is_brok
     boot.serve(progress=lambda: {"method": "x", "rounds": [-1]})  # a bug: a negative round, keys missing
     reply = await query_status(boot.ticket, timeout=5)
     assert reply.body["name"] == "bootstrap" and "learning" not in reply.body
+
+
+def test_the_peers_a_node_dropped_travel_in_its_status_within_the_wires_bounds() -> None:
+    progress = learned("pfedlia-p2p", ["b", "c"], {"b": 1.0, "c": 0.5, "d": 0.4}, [(5, 0.5, 1.0)])
+    assert "dropped" not in progress.body()  # a node that dropped none says nothing (as an older one does)
+    progress.note("peer", 8, {"peer": "d", "verdict": "dropped"})
+    progress.note("fallback", 9, {"dropped": ["b", "c"]})
+    progress.note("peer", 12, {"peer": "c", "verdict": "added"})
+    progress.note("peer", 12, {"peer": "e", "verdict": "kept out"})  # a probe's verdict: never chosen
+    body = progress.body()
+    assert body["dropped"] == ["b", "d"]
+    check_body("status", {"address": "tcp://127.0.0.1:1", "role": "node", "incarnation": 1, "pubkey": "",
+                          "round": 12, "heartbeat": 1.0, "name": "a", "peers": [], "learning": body})
+    body["dropped"] = ["x" * 500]
+    with pytest.raises(ValueError):
+        check_body("status", {"address": "tcp://127.0.0.1:1", "role": "node", "incarnation": 1, "pubkey": "",
+                              "round": 12, "heartbeat": 1.0, "name": "a", "peers": [], "learning": body})
