@@ -16,6 +16,7 @@ import pytest
 from p2pfed.cli import build_parser
 from p2pfed.methods import METHODS
 from p2pfed.report.results import write_report
+from p2pfed.report.seeds import seed_folders, write_seeds_report
 from tests.helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +159,11 @@ def test_p2pfed_report_redraws_a_shipped_run_from_its_committed_files(tmp_path: 
     """The shipped summary.json is what `p2pfed report` computes from the shipped records, not a file kept
     from the run (a record edited, dropped or added would change it)."""
     shutil.copytree(ROOT / "scenarios" / "results" / name, tmp_path / name)
-    (tmp_path / name / "summary.json").unlink()
-    shipped = json.loads((ROOT / "scenarios" / "results" / name / "summary.json").read_text())
-    assert write_report(tmp_path / name) == shipped
+    shipped = {p.relative_to(tmp_path): json.loads(p.read_text()) for p in (tmp_path / name).rglob("summary.json")}
+    for path in shipped:
+        (tmp_path / path).unlink()
+    seeds = seed_folders(tmp_path / name)  # a run over seeds: every seed's run, and the summary over them
+    for folder in seeds.values():
+        assert write_report(folder) == shipped[(folder / "summary.json").relative_to(tmp_path)]
+    top = write_seeds_report(tmp_path / name) if seeds else write_report(tmp_path / name)
+    assert top == shipped[Path(name) / "summary.json"] and len(shipped) == 1 + len(seeds)

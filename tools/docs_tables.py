@@ -67,33 +67,54 @@ def summary_table(path: Path, opts: dict[str, str]) -> str:
     return seeds_table(summary, fmt="github") if "seeds" in summary else results_table(summary, fmt="github")
 
 
+Run = tuple[dict[str, Any], dict[str, int]]  # a run's methods' summaries, and node → true cluster
+
+
+def runs_of(folder: Path) -> list[Run]:
+    """A run folder's (or each seed's of a run over seeds) methods' summaries and node → true cluster."""
+    seeds = sorted(folder.glob("seed-*/summary.json"), key=lambda p: int(p.parent.name.removeprefix("seed-")))
+    found = []
+    for summary in seeds or [folder / "summary.json"]:
+        partition = json.loads((summary.parent / "partition.json").read_text())
+        found.append((json.loads(summary.read_text())["methods"],
+                      dict(zip(partition["nodes"], partition["true_cluster"], strict=True))))
+    return found
+
+
 def adversaries_table(path: Path, clean_dir: Path) -> str:
     """Per method and per adversary: the share of its honest cluster mates that keep it out, and their accuracy
-    with the adversary (and in the same run without any: clean_dir)."""
-    summary, clean = (json.loads((d / "summary.json").read_text())["methods"] for d in (path.parent, clean_dir))
-    partition = json.loads((path.parent / "partition.json").read_text())
-    cluster = dict(zip(partition["nodes"], partition["true_cluster"], strict=True))
-    first = next(iter(summary.values()))
-    adversaries = sorted(first["adversaries"], key=lambda a: cluster[a])
+    with the adversary (and in the same run without any: clean_dir); of a run over seeds, the means over them."""
+    runs, cleans = runs_of(path.parent), runs_of(clean_dir)
+    first, cluster = runs[0]
+    any_method = next(iter(first.values()))
+    adversaries = sorted(any_method["adversaries"], key=lambda a: cluster[a])
     attacked = {cluster[a] for a in adversaries}
-    others = sorted(set(partition["true_cluster"]) - attacked)
+    others = sorted(set(cluster.values()) - attacked)
 
-    def acc(m: dict[str, Any], clusters: list[int]) -> float:
-        return 100 * statistics.mean(m["cluster_accuracy"][str(c)] for c in clusters)
+    def acc(found: list[Run], name: str, adversary: str | None) -> float:
+        """The honest nodes' accuracy in the adversary's cluster (None: in the clusters with none), each run's."""
+        def clusters(of: dict[str, int]) -> set[int]:
+            return {of[adversary]} if adversary else set(of.values()) - {of[a] for a in adversaries}
+        return 100 * statistics.mean(statistics.mean(m[name]["cluster_accuracy"][str(c)] for c in clusters(of))
+                                     for m, of in found)
+
+    def overall(found: list[Run], name: str) -> float:
+        return 100 * statistics.mean(m[name]["accuracy"] for m, _ in found)
 
     order = tomllib.loads((path.parent / "scenario.toml").read_text())["scenario"]["methods"]  # as the file runs them
-    rows = ["| method | " + " | ".join(f"{first['adversaries'][a]['kind']} {a} (cluster {cluster[a]})"
+    rows = ["| method | " + " | ".join(f"{any_method['adversaries'][a]['kind']} {a} (cluster {cluster[a]})"
                                        for a in adversaries)
             + f" | clusters {', '.join(map(str, others))} (none) | all honest nodes |",
             "|---|" + "---:|" * (len(adversaries) + 2)]
-    for name, m in sorted(summary.items(), key=lambda kv: order.index(kv[0])):
+    for name in sorted(first, key=order.index):
         cells = []
         for a in adversaries:
-            out = m["adversaries"][a]["excluded_by"]
+            shares = [m[name]["adversaries"][a]["excluded_by"] for m, _ in runs]
+            out = None if None in shares else statistics.mean(shares)
             cells.append(("–" if out is None else f"{100 * out:.0f} % out")
-                         + f" · {acc(m, [cluster[a]]):.1f} ({acc(clean[name], [cluster[a]]):.1f})")
-        cells += [f"{acc(m, others):.1f} ({acc(clean[name], others):.1f})",
-                  f"{100 * m['accuracy']:.1f} ({100 * clean[name]['accuracy']:.1f})"]
+                         + f" · {acc(runs, name, a):.1f} ({acc(cleans, name, a):.1f})")
+        cells += [f"{acc(runs, name, None):.1f} ({acc(cleans, name, None):.1f})",
+                  f"{overall(runs, name):.1f} ({overall(cleans, name):.1f})"]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -133,6 +154,18 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table}
 
 
+def accuracy_mean(value: float | dict[str, Any] | None) -> float:
+    """A summary's accuracy: a run's, or the mean of a run over seeds."""
+    return (value["mean"] if isinstance(value, dict) else value) or 0.0
+
+
+def accuracy_cell(value: float | dict[str, Any] | None) -> str:
+    """A summary's accuracy in %: a run's, or a run over seeds' mean ± sd."""
+    if not isinstance(value, dict):
+        return f"{100 * (value or 0.0):.2f}"
+    return f"{100 * (value['mean'] or 0.0):.2f}" + (f" ± {100 * value['sd']:.2f}" if value["sd"] is not None else "")
+
+
 def headline() -> str:
     """One row per shipped experiment: the mean accuracy of pFedLIA p2p and the baselines that bound it."""
     rows = ["| experiment | " + " | ".join(f"{m} %" for m in HEADLINE_METHODS) + " | best method |",
@@ -141,11 +174,13 @@ def headline() -> str:
         path = ROOT / "scenarios" / "results" / name / "summary.json"
         if not path.exists():
             continue  # not shipped yet: no row rather than a row of numbers nobody can check
-        methods = json.loads(path.read_text())["methods"]
-        cells = [f"{100 * methods[m]['accuracy']:.2f}" if m in methods else "–" for m in HEADLINE_METHODS]
-        best = max(methods, key=lambda m: methods[m]["accuracy"] or 0)
-        rows.append(f"| [{name}]({page}): {what} | " + " | ".join(cells)
-                    + f" | {best} ({100 * methods[best]['accuracy']:.2f}) |")
+        summary = json.loads(path.read_text())
+        methods = {m: v["accuracy"] for m, v in summary["methods"].items()}
+        cells = [accuracy_cell(methods[m]) if m in methods else "–" for m in HEADLINE_METHODS]
+        best = max(methods, key=lambda m: accuracy_mean(methods[m]))
+        seeds = f", {len(summary['seeds'])} seeds" if "seeds" in summary else ", seed 0"
+        rows.append(f"| [{name}]({page}): {what}{seeds} | " + " | ".join(cells)
+                    + f" | {best} ({accuracy_cell(methods[best])}) |")
     return "\n".join(rows)
 
 
