@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,22 +49,27 @@ def mesh(tmp_path: Path) -> Iterator[str]:
         stop(*procs)
 
 
+def open_page(browser: Any, url: str) -> Any:
+    """A page of url, once the dashboard process serves it (it may still be starting)."""
+    page = browser.new_page(viewport={"width": 1200, "height": 1000})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            page.goto(url)
+            return page
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def test_the_page_shows_the_live_mesh_and_its_updates(mesh: str, tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1000})
-            deadline = time.monotonic() + 60
-            while True:  # the dashboard process may still be starting
-                try:
-                    page.goto(mesh)
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
+            page = open_page(browser, mesh)
             rows = page.locator("#members tbody tr")
             expect(rows).to_have_count(3, timeout=60_000)
             assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.name)")) == ["a", "b", "c"]
@@ -112,16 +118,7 @@ def test_the_page_shows_a_peer_dropped_from_a_nodes_choice(tmp_path: Path) -> No
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             try:
-                page = browser.new_page(viewport={"width": 1200, "height": 1000})
-                deadline = time.monotonic() + 60
-                while True:  # the dashboard process may still be starting
-                    try:
-                        page.goto(f"http://127.0.0.1:{port}/")
-                        break
-                    except Exception:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.5)
+                page = open_page(browser, f"http://127.0.0.1:{port}/")
                 page.get_by_role("button", name="pfedlia-p2p").click()
                 dropped = page.locator("#graph line.dropped-edge")
                 expect(dropped).to_have_count(1, timeout=30_000)
