@@ -101,7 +101,8 @@ def adversaries_table(path: Path, clean_dir: Path) -> str:
     def overall(found: list[Run], name: str) -> float:
         return 100 * statistics.mean(m[name]["accuracy"] for m, _ in found)
 
-    order = tomllib.loads((path.parent / "scenario.toml").read_text())["scenario"]["methods"]  # as the file runs them
+    scenario = next(iter(sorted(path.parent.glob("seed-*/scenario.toml"))), path.parent / "scenario.toml")
+    order = tomllib.loads(scenario.read_text())["scenario"]["methods"]  # as the file runs them
     rows = ["| method | " + " | ".join(f"{any_method['adversaries'][a]['kind']} {a} (cluster {cluster[a]})"
                                        for a in adversaries)
             + f" | clusters {', '.join(map(str, others))} (none) | all honest nodes |",

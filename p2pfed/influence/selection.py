@@ -96,7 +96,7 @@ def mutual_clusters(choices: dict[str, list[str]]) -> dict[str, int]:
         for b in choices[a]:
             if b in choices and a in choices[b]:
                 parent[find(a)] = find(b)
-    # A node no one chose back (a late joiner: the others do not re-cluster for it) belongs to the group
+    # A node no one chose back (a late joiner none of its peers has chosen yet) belongs to the group
     # most of its chosen peers belong to.
     sizes: dict[str, int] = {}
     for n in names:

@@ -205,7 +205,7 @@ class PFedLIAP2P(Method):
         # Chosen only if it lowers w0's loss beyond uncertainty by more than margin of it, the least harm that
         # drops a peer: from a w0 barely trained, a model of noise of each tensor's scale lowered it by 0.13
         # (2.3 at w0) and was chosen by three of its cluster mates on adversaries-digits, where a peer of the
-        # node's cluster lowers it by 1.4 to 2.3. (A probe adds a peer on any gain beyond uncertainty: on a
+        # node's cluster lowers it by 1.6 to 2.3. (A probe adds a peer on any gain beyond uncertainty: on a
         # trained aggregate the gains are small.)
         floor = {p: b - self.options.margin * self.scale for p, b in lower.items()} if lower is not None else None
         chosen = select_peers(scores, self.options.gap, self.options.selection, floor)
