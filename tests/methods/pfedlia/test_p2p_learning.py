@@ -258,19 +258,30 @@ def test_the_averages_weighed_each_round_are_the_groups_average_without_or_with_
     assert torch.allclose(variants({}, [], extra)["+x"]["w"], extra["x"].state["w"])
 
 
-async def test_a_peer_that_helps_w0_less_than_the_margin_or_only_by_rounding_is_not_chosen() -> None:
+async def test_a_peer_that_helps_w0_much_less_than_the_best_or_only_by_rounding_is_not_chosen() -> None:
+    """As the noise sender on adversaries-digits: far below the helpful peers, far above the harmful ones, so
+    2-means puts it with the helpful; and as a free-rider, whose partial model is w0 itself."""
     w0 = classifier(0.1)
-    node = Node(["slight", "copy"], w0)
-    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W))  # margin 0.1 of w0's loss
-    scored = await method.score({"slight": classifier(0.11), "copy": {k: v.clone() for k, v in w0.items()}})
-    # the slight gain is real and sure (lower bound > 0) but small; the copy's differences are all rounding
-    assert scored["slight"].lower > 0 and scored["slight"].mean < 0.1 * method.scale
-    assert scored["copy"].mean == 0 and not scored["copy"].helps
+    node = Node(["good", "slight", "copy", "flip"], w0)
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W))  # margin 0.1 of the best peer's gain
+    partials = {"good": classifier(2.0), "slight": classifier(0.12), "copy": {k: v.clone() for k, v in w0.items()},
+                "flip": classifier(-2.0)}
+    scored = await method.score(partials)
+    # the slight gain is real and sure (lower bound > 0) but small beside the good peer's
+    assert scored["slight"].lower > 0 and scored["slight"].mean < 0.1 * scored["good"].mean
+    assert scored["copy"].mean == 0 and not scored["copy"].helps  # its differences are all rounding
     await method.choose(scored)
-    assert method.chosen == set()
-    again = PFedLIAP2P(node, P2POptions(warmup_rounds=W, margin=0.0))  # without the margin: chosen
-    await again.choose(await again.score({"slight": classifier(0.11)}))
-    assert again.chosen == {"slight"}
+    assert method.chosen == {"good"}
+    again = PFedLIAP2P(node, P2POptions(warmup_rounds=W, margin=0.0))  # without the margin: chosen with it
+    await again.choose(await again.score({p: partials[p] for p in ("good", "slight", "flip")}))
+    assert again.chosen == {"good", "slight"}
+    # where every helpful peer helps little (next-character prediction: 0.01 to 0.07 of a loss of 2.2), the
+    # surest of them are chosen: the margin is a share of the best gain, not of the loss
+    small = PFedLIAP2P(node, P2POptions(warmup_rounds=W))
+    scored = await small.score({p: classifier(x) for p, x in [("a", 0.12), ("b", 0.125), ("flip", -2.0)]})
+    assert scored["a"].mean < 0.1 * small.scale
+    await small.choose(scored)
+    assert small.chosen == {"a", "b"}
 
 
 def test_rounding_of_the_losses_is_no_evidence() -> None:
