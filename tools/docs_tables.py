@@ -7,6 +7,8 @@ A table in Markdown sits between two markers, and this script writes what is bet
     <!-- table: benchmarks/results/wire.json -->                a benchmark's figures
     <!-- table: scenarios/results/A/summary.json clean=scenarios/results/B -->   adversaries: run A against the
                                                                 same run B without them
+    <!-- table: scenarios/results/DIR before=METHOD -->        METHOD in each run under DIR (before a change)
+                                                                against the shipped run of the same name
     <!-- headline -->                                           README's one-line-per-experiment table
     <!-- end headline -->
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -185,6 +188,28 @@ def headline() -> str:
     return "\n".join(rows)
 
 
+def before_after_table(before_dir: Path, method: str, where: Path) -> str:
+    """One row per run folder under before_dir (a method's runs before a change, named as the shipped runs):
+    that method's accuracy and bottom-5 % there, and in the shipped run of the same name (after), beside the
+    shipped run's baselines (links relative to where, the page)."""
+    baselines = ("pfedlia-p2p-paper", "local-p2p", "fedavg-p2p", "oracle-p2p")
+    rows = [f"| scenario | {method} before | {method} after | " + " | ".join(baselines) + " |",
+            "|---|" + "---:|" * (2 + len(baselines))]
+
+    def cell(m: dict[str, Any] | None) -> str:
+        if m is None:
+            return "–"
+        return f"{accuracy_cell(m['accuracy'])} ({accuracy_cell(m['bottom5_accuracy']).split(' ±')[0]})"
+
+    for folder in sorted(p for p in before_dir.iterdir() if (p / "summary.json").exists()):
+        before = json.loads((folder / "summary.json").read_text())["methods"]
+        after = json.loads((ROOT / "scenarios" / "results" / folder.name / "summary.json").read_text())["methods"]
+        cells = [cell(before.get(method)), cell(after.get(method)), *(cell(after.get(b)) for b in baselines)]
+        link = os.path.relpath(ROOT / "scenarios" / "results" / folder.name, where.parent)
+        rows.append(f"| [{folder.name}]({link}/) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def draw(text: str, where: Path) -> str:
     """text with every marked table drawn anew."""
     def table(m: re.Match[str]) -> str:
@@ -196,6 +221,8 @@ def draw(text: str, where: Path) -> str:
             body = adversaries_table(path, ROOT / opts["clean"])
         elif path.name == "summary.json":
             body = summary_table(path, opts)
+        elif path.is_dir() and "before" in opts:
+            body = before_after_table(path, opts["before"], where)
         elif path.name in BENCHMARKS:
             body = BENCHMARKS[path.name](json.loads(path.read_text()))
         else:
