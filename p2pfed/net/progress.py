@@ -1,8 +1,7 @@
 """A learning member's progress as its status tells it to whoever asks (``p2pfed dashboard``): the method,
 the last evaluations, the peers it chose (and those it dropped from its choice) and its scores of them, or a
-coordinator's grouping of nodes. Fed
-from the member's own records (the same events its metrics file holds), bounded as the wire's LEARNING
-schema is; nothing of the member's data."""
+coordinator's grouping of nodes. Fed from the member's own records (the same events its metrics file holds),
+bounded as the wire's LEARNING schema is; nothing of the member's data."""
 
 from __future__ import annotations
 
