@@ -25,7 +25,7 @@ class Progress:
         # the last `keep` evaluations (the wire's bound); None keeps all (a run folder read afterwards)
         self.curve: deque[tuple[int, float, float]] = deque(maxlen=keep)
         self.chosen: list[str] = []
-        self.dropped: list[str] = []  # peers dropped from the choice (pfedlia-p2p's "peer" and "fallback" records)
+        self.dropped: list[str] = []  # peers dropped from the choice (a method's "peer" and "fallback" records)
         self.scores: dict[str, float] = {}
         self.groups = groups  # a coordinator's grouping of nodes, read when asked
 
