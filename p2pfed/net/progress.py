@@ -25,7 +25,7 @@ class Progress:
         # the last `keep` evaluations (the wire's bound); None keeps all (a run folder read afterwards)
         self.curve: deque[tuple[int, float, float]] = deque(maxlen=keep)
         self.chosen: list[str] = []
-        self.dropped: list[str] = []  # peers dropped from the choice (a method's "peer" and "fallback" records)
+        self.dropped: list[str] = []  # peers dropped from the choice, as its "choice" record says
         self.scores: dict[str, float] = {}
         self.groups = groups  # a coordinator's grouping of nodes, read when asked
 
@@ -44,19 +44,12 @@ class Progress:
                 self.curve.append(point)
         if "chosen" in fields and event in ("choice", "final"):
             self.chosen = sorted(str(p) for p in fields["chosen"])[:MAX_PEERS_LISTED]
-        if event == "peer" and fields.get("verdict") in ("dropped", "added"):
-            self.drop([str(fields.get("peer"))], fields["verdict"] == "dropped")
-        if event == "fallback" and isinstance(fields.get("dropped"), list):
-            self.drop([str(p) for p in fields["dropped"]], True)
+        if event == "choice" and isinstance(fields.get("dropped"), list):
+            self.dropped = sorted(str(p) for p in fields["dropped"])[:MAX_PEERS_LISTED]
         if event == "choice" and isinstance(fields.get("scores"), Mapping):
             self.scores = dict(list(fields["scores"].items())[:MAX_PEERS_LISTED])
         if event == "scores":  # a node's scores, asked for by its coordinator
             self.scores = dict(list(zip(fields["peers"], fields["values"], strict=True))[:MAX_PEERS_LISTED])
-
-    def drop(self, peers: list[str], dropped: bool) -> None:
-        """Peers dropped from the choice (dropped), or chosen again (not dropped)."""
-        now = set(self.dropped) | set(peers) if dropped else set(self.dropped) - set(peers)
-        self.dropped = sorted(now)[:MAX_PEERS_LISTED]
 
     def body(self) -> dict[str, Any]:
         """The status's LEARNING part."""

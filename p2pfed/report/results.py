@@ -38,7 +38,8 @@ from p2pfed.influence.selection import mutual_clusters
 from p2pfed.report.records import read_json, read_records, record_files
 
 # What methods record that the report reads, whatever the method: a node's "choice" of peers ("chosen", and
-# the "scores" it chose by, name → number), from which clusters are the mutual choices; a node's score row
+# the "scores" it chose by, name → number; "dropped", the peers dropped from it, for the dashboard), from which
+# clusters are the mutual choices; a node's score row
 # ("scores": "peers" and "values") for the heatmaps; the coordinator's "assignment" of nodes to groups.
 CHOICE = ("choice", "lia")  # "lia": the name of a choice record in runs made before it had a general one
 

@@ -101,12 +101,12 @@ def write_run(run: Path) -> None:
         append_record(path, "round", node, "pfedlia-p2p", 0, accuracy=acc - 0.2, loss=1.0)
         append_record(path, "choice", node, "pfedlia-p2p", 1, chosen=chosen, scores={"n00": 0.1, "n02": -0.2})
         # n00 had chosen n02 too and dropped it (pfedlia-p2p's choice keeps learning); n01 dropped it, then took it
-        # back
+        # back: each change is a choice record, the last one says what holds
         if node == "n00":
-            append_record(path, "peer", node, "pfedlia-p2p", 1, peer="n02", verdict="dropped")
+            append_record(path, "choice", node, "pfedlia-p2p", 1, chosen=chosen, scores={}, dropped=["n02"])
         if node == "n01":
-            append_record(path, "fallback", node, "pfedlia-p2p", 1, dropped=["n02"])
-            append_record(path, "peer", node, "pfedlia-p2p", 1, peer="n02", verdict="added")
+            append_record(path, "choice", node, "pfedlia-p2p", 1, chosen=[], scores={}, dropped=["n00", "n02"])
+            append_record(path, "choice", node, "pfedlia-p2p", 1, chosen=chosen, scores={}, dropped=[])
         append_record(path, "round", node, "pfedlia-p2p", 1, accuracy=acc, loss=float("nan"))
         append_record(path, "final", node, "pfedlia-p2p", 1, accuracy=acc, loss=0.5, chosen=chosen)
     append_record(central / "coordinator.jsonl", "final", "coordinator", "fesem", 2, assignment={"n00": 1, "n01": 0})
@@ -214,10 +214,10 @@ async def test_a_status_is_answered_even_when_the_progress_it_would_tell_is_brok
 def test_the_peers_a_node_dropped_travel_in_its_status_within_the_wires_bounds() -> None:
     progress = learned("pfedlia-p2p", ["b", "c"], {"b": 1.0, "c": 0.5, "d": 0.4}, [(5, 0.5, 1.0)])
     assert "dropped" not in progress.body()  # a node that dropped none says nothing (as an older one does)
-    progress.note("peer", 8, {"peer": "d", "verdict": "dropped"})
-    progress.note("fallback", 9, {"dropped": ["b", "c"]})
-    progress.note("peer", 12, {"peer": "c", "verdict": "added"})
-    progress.note("peer", 12, {"peer": "e", "verdict": "kept out"})  # a probe's verdict: never chosen
+    progress.note("choice", 8, {"chosen": ["b", "c"], "dropped": ["d"]})
+    progress.note("choice", 9, {"chosen": [], "dropped": ["b", "c", "d"]})
+    progress.note("choice", 12, {"chosen": ["c"], "dropped": ["b", "d"]})
+    progress.note("peer", 12, {"peer": "e", "verdict": "kept out"})  # a record that changes no choice
     body = progress.body()
     assert body["dropped"] == ["b", "d"]
     check_body("status", {"address": "tcp://127.0.0.1:1", "role": "node", "incarnation": 1, "pubkey": "",

@@ -75,6 +75,7 @@ class PFedLIAP2P(Method):
         self.looked: dict[str, int] = {}  # every peer scored or probed: the round it last was
         self.refused: dict[str, int] = {}  # a peer watched and kept out: how many times in a row
         self.released: dict[str, int] = {}  # a peer dropped or no longer watched: the round it was
+        self.dropped: set[str] = set()  # peers dropped from the choice and not chosen again (its records say)
         self.local: nn.Module | None = None  # the local track, while the node collaborates
         self.windows: dict[str, Window] = {}  # a chosen or watched peer's evidence, and LOCAL's
         self.last: tuple[ModelIn | None, dict[str, ModelIn], dict[str, ModelIn]] | None = None
@@ -356,6 +357,7 @@ class PFedLIAP2P(Method):
         self.node.load_state(self.local.state_dict())
         self.chosen.clear()
         self.released.update(dict.fromkeys(dropped, rnd))
+        self.dropped.update(dropped)
         log.warning("%s: round %d: averaging with %s did worse than training alone (validation loss %+.3g, upper "
                     "bound %+.3g); falling back to the local track", self.node.name, rnd, ", ".join(dropped),
                     -collab.mean, -collab.lower)
@@ -363,16 +365,22 @@ class PFedLIAP2P(Method):
         self.note_change(rnd, "fallback", None, collab)
 
     def note_change(self, rnd: int, what: str, peer: str | None, e: Estimate | None) -> None:
-        """Log and record a change of the choice (a "choice" record too: the report reads the last one)."""
+        """Log and record a change of the choice (a "choice" record too, with the peers dropped from it: the report
+        and the dashboard read the last one)."""
         if peer is not None and what != "added":
             self.released[peer] = rnd
+        if peer is not None and what == "dropped":
+            self.dropped.add(peer)
+        elif peer is not None and what == "added":
+            self.dropped.discard(peer)
         if peer is not None:
             log.info("%s: round %d: %s %s (effect on validation loss %s)", self.node.name, rnd, what, peer,
                      f"{e.mean:+.3g}, bounds {e.lower:+.3g} .. {e.upper:+.3g}" if e is not None else "unknown")
             self.node.record("peer", peer=peer, verdict=what, **({"gain": e.mean, "lower": e.lower,
                                                                   "upper": e.upper} if e is not None else {}))
         if what != "kept out":  # the choice changed
-            self.node.record("choice", scores=self.scores, chosen=sorted(self.chosen or ()), why=what)
+            self.node.record("choice", scores=self.scores, chosen=sorted(self.chosen or ()),
+                             dropped=sorted(self.dropped), why=what)
 
     def probe(self, rnd: int) -> None:
         """Every probe_every rounds after the phase, watch one live peer not chosen: one never looked at (a
@@ -408,7 +416,7 @@ class PFedLIAP2P(Method):
         return {"chosen": sorted(self.chosen) if self.chosen is not None else None,
                 "choosers": sorted(self.choosers), "chosen_scores": self.chosen_scores,
                 "watched": dict(self.watched), "scores": self.scores, "looked": dict(self.looked),
-                "refused": dict(self.refused), "scale": self.scale}
+                "refused": dict(self.refused), "scale": self.scale, "dropped": sorted(self.dropped)}
 
     def restore(self, state: dict[str, Any]) -> None:
         chosen = state.get("chosen")
@@ -420,6 +428,7 @@ class PFedLIAP2P(Method):
         self.looked = {str(p): int(r) for p, r in state.get("looked", {}).items()}
         self.refused = {str(p): int(n) for p, n in state.get("refused", {}).items()}
         self.scale = float(state.get("scale", 1.0))
+        self.dropped = {str(p) for p in state.get("dropped", [])}
         if self.chosen is not None:
             self.start_local()
 

@@ -137,6 +137,7 @@ async def test_a_node_given_one_harmful_peer_drops_it_within_a_few_rounds_and_ke
     verdicts = [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"]
     assert verdicts == [("flipper", "dropped")] and node.announced[-1] == ["good"]  # the flipper stops sending
     assert [e for e, _ in node.records].count("fallback") == 0 and node.accuracy() > 0.9
+    assert [f for e, f in node.records if e == "choice"][-1]["dropped"] == ["flipper"]  # what the dashboard shows
 
 
 async def test_a_node_whose_peers_all_hurt_falls_back_and_ends_where_training_alone_takes_it() -> None:
@@ -151,6 +152,7 @@ async def test_a_node_whose_peers_all_hurt_falls_back_and_ends_where_training_al
     assert [e for e, _ in node.records].count("fallback") == 1
     fell = next(f for e, f in node.records if e == "fallback")
     assert fell["dropped"] == ["f1", "f2"] and fell["bound"] < 0
+    assert [f for e, f in node.records if e == "choice"][-1]["dropped"] == ["f1", "f2"]
     for key, value in alone.model.state_dict().items():
         assert torch.allclose(node.model.state_dict()[key], value), key
     assert node.accuracy() == alone.accuracy() > 0.9
@@ -214,6 +216,7 @@ async def test_a_restarted_node_keeps_its_changed_choice_and_starts_its_windows_
     again = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
     again.restore(method.state())
     assert again.chosen == {"good"} and again.scores == method.scores and again.windows == {}
+    assert again.dropped == {"flipper"}
     assert again.local is not None  # a local track again, from the model it resumed with
 
 
