@@ -33,7 +33,7 @@ if sys.path[0] != str(ROOT):
     sys.path.insert(0, str(ROOT))  # this checkout's p2pfed, not one pip installed from another folder
 
 from p2pfed.report.results import results_table  # noqa: E402
-from p2pfed.report.seeds import seeds_table  # noqa: E402
+from p2pfed.report.seeds import mean_sd, seed_folders, seeds_table  # noqa: E402
 
 TABLE = re.compile(r"(<!-- table: (?P<path>\S+)(?P<opts>(?: \w+=\S+)*) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 HEADLINE = re.compile(r"(<!-- headline -->\n)(?P<body>.*?)(<!-- end headline -->)", re.S)
@@ -75,11 +75,10 @@ Run = tuple[dict[str, Any], dict[str, int]]  # a run's methods' summaries, and n
 
 def runs_of(folder: Path) -> list[Run]:
     """A run folder's (or each seed's of a run over seeds) methods' summaries and node → true cluster."""
-    seeds = sorted(folder.glob("seed-*/summary.json"), key=lambda p: int(p.parent.name.removeprefix("seed-")))
     found = []
-    for summary in seeds or [folder / "summary.json"]:
-        partition = json.loads((summary.parent / "partition.json").read_text())
-        found.append((json.loads(summary.read_text())["methods"],
+    for run in list(seed_folders(folder).values()) or [folder]:
+        partition = json.loads((run / "partition.json").read_text())
+        found.append((json.loads((run / "summary.json").read_text())["methods"],
                       dict(zip(partition["nodes"], partition["true_cluster"], strict=True))))
     return found
 
@@ -104,8 +103,8 @@ def adversaries_table(path: Path, clean_dir: Path) -> str:
     def overall(found: list[Run], name: str) -> float:
         return 100 * statistics.mean(m[name]["accuracy"] for m, _ in found)
 
-    scenario = next(iter(sorted(path.parent.glob("seed-*/scenario.toml"))), path.parent / "scenario.toml")
-    order = tomllib.loads(scenario.read_text())["scenario"]["methods"]  # as the file runs them
+    first_run = next(iter(seed_folders(path.parent).values()), path.parent)
+    order = tomllib.loads((first_run / "scenario.toml").read_text())["scenario"]["methods"]  # as the file runs them
     rows = ["| method | " + " | ".join(f"{any_method['adversaries'][a]['kind']} {a} (cluster {cluster[a]})"
                                        for a in adversaries)
             + f" | clusters {', '.join(map(str, others))} (none) | all honest nodes |",
@@ -165,9 +164,7 @@ def accuracy_mean(value: float | dict[str, Any] | None) -> float:
 
 def accuracy_cell(value: float | dict[str, Any] | None) -> str:
     """A summary's accuracy in %: a run's, or a run over seeds' mean ± sd."""
-    if not isinstance(value, dict):
-        return f"{100 * (value or 0.0):.2f}"
-    return f"{100 * (value['mean'] or 0.0):.2f}" + (f" ± {100 * value['sd']:.2f}" if value["sd"] is not None else "")
+    return mean_sd(value, 100) if isinstance(value, dict) else f"{100 * (value or 0.0):.2f}"
 
 
 def headline() -> str:

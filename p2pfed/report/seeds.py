@@ -140,14 +140,17 @@ def write_seeds_report(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def mean_sd(value: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
+    """A metric over seeds ({"mean", "sd"}) as "mean ± sd", scaled (100: in %); the mean alone with one seed."""
+    mean, sd = value["mean"], value["sd"]
+    return f"{scale * mean:.{digits}f}" + ("" if sd is None else f" ± {scale * sd:.{digits}f}")
+
+
 def seeds_table(summary: dict[str, Any], fmt: str = "simple") -> str:
     """One row per method: mean ± sd over the seeds of the accuracies, F1, loss (text), ARI and the share of
     chosen peers in the node's own cluster."""
     def cell(m: dict[str, Any], key: str, scale: float, digits: int) -> str:
-        if key not in m:
-            return "–"
-        mean, sd = m[key]["mean"], m[key]["sd"]
-        return f"{scale * mean:.{digits}f}" + ("" if sd is None else f" ± {scale * sd:.{digits}f}")
+        return mean_sd(m[key], scale, digits) if key in m else "–"
 
     text = any("perplexity" in m for m in summary["methods"].values())
     served = any("server_test_accuracy" in m for m in summary["methods"].values())
