@@ -200,7 +200,11 @@ def before_after_table(before_dir: Path, method: str, where: Path) -> str:
 
     for folder in sorted(p for p in before_dir.iterdir() if (p / "summary.json").exists()):
         before = json.loads((folder / "summary.json").read_text())["methods"]
-        after = json.loads((ROOT / "scenarios" / "results" / folder.name / "summary.json").read_text())["methods"]
+        shipped = ROOT / "scenarios" / "results" / folder.name / "summary.json"
+        if not shipped.exists():
+            raise FileNotFoundError(f"{folder.relative_to(ROOT)} has no shipped run to compare with: "
+                                    f"{shipped.relative_to(ROOT)} is missing")
+        after = json.loads(shipped.read_text())["methods"]
         cells = [cell(before.get(method)), cell(after.get(method)), *(cell(after.get(b)) for b in baselines)]
         link = os.path.relpath(ROOT / "scenarios" / "results" / folder.name, where.parent)
         rows.append(f"| [{folder.name}]({link}/) | " + " | ".join(cells) + " |")
