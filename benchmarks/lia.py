@@ -7,7 +7,9 @@
     threshold, then evaluates; lazy trains w0 for a few epochs on the batch only, then evaluates.
     The paper reports 40–500x.
 
-Run: python benchmarks/lia.py [--dataset fmnist|digits] [--peers 99] [--repeat 5] [--json FILE]
+Run: python benchmarks/lia.py [--dataset fmnist|digits] [--device cpu|cuda|auto] [--peers 99] [--repeat 5]
+[--json FILE]. On CUDA the partial models start in host memory, as received models do, so (a) includes copying
+them to the GPU; every figure ends in a value read back to the host, so the timings wait for the GPU.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ from torch.nn import functional as F
 from p2pfed.influence.lazy_influence import score_peers, score_peers_one_by_one, validation_loss
 from p2pfed.learn.datasets import load_dataset
 from p2pfed.learn.models import build_model
-from p2pfed.learn.train import state_of, train_copy, train_epochs
-
-CPU = torch.device("cpu")
+from p2pfed.learn.train import describe_device, pick_device, state_of, train_copy, train_epochs
 
 
 def timed(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
@@ -40,7 +40,7 @@ def timed(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def bench_scoring(dataset: str, peers: int, val: int, repeat: int) -> dict[str, Any]:
+def bench_scoring(dataset: str, peers: int, val: int, repeat: int, device: torch.device) -> dict[str, Any]:
     d = load_dataset(dataset)
     model = build_model("cnn", d.input_shape, d.num_classes, seed=0)
     w0 = state_of(model)
@@ -48,51 +48,57 @@ def bench_scoring(dataset: str, peers: int, val: int, repeat: int) -> dict[str, 
     partials = [{k: v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
                  for k, v in w0.items()} for _ in range(peers)]
     x_val, y_val = d.x_test[:val], d.y_test[:val]
-    a = score_peers(model, w0, partials, x_val, y_val, CPU, batched=True)
-    b = score_peers_one_by_one(model, w0, partials, x_val, y_val, CPU)
+    # the first calls also warm up (CUDA's context and kernels), outside the timings
+    a = score_peers(model, w0, partials, x_val, y_val, device, batched=True)
+    b = score_peers_one_by_one(model, w0, partials, x_val, y_val, device)
     assert max(abs(p - q) for p, q in zip(a, b, strict=True)) < 1e-3
-    batched = timed(lambda: score_peers(model, w0, partials, x_val, y_val, CPU, batched=True), repeat)
-    looped = timed(lambda: score_peers_one_by_one(model, w0, partials, x_val, y_val, CPU), repeat)
+    batched = timed(lambda: score_peers(model, w0, partials, x_val, y_val, device, batched=True), repeat)
+    looped = timed(lambda: score_peers_one_by_one(model, w0, partials, x_val, y_val, device), repeat)
     print(f"(a) scoring {peers} partial models ({dataset}, small CNN, {val} validation samples, "
-          f"{torch.get_num_threads()} threads)")
+          f"{describe_device(device)}, {torch.get_num_threads()} threads)")
     print(f"    one at a time  {1e3 * looped:8.1f} ms")
     print(f"    batched (vmap) {1e3 * batched:8.1f} ms   speed-up {looped / batched:.1f}x")
-    return {"dataset": dataset, "peers": peers, "validation_samples": val, "threads": torch.get_num_threads(),
+    return {"dataset": dataset, "device": describe_device(device), "peers": peers, "validation_samples": val,
+            "threads": torch.get_num_threads(),
             "one_at_a_time_s": looped, "batched_s": batched, "speed_up": looped / batched}
 
 
-def bench_lazy_vs_exact(dataset: str, repeat: int, threshold: float, lazy_epochs: int) -> dict[str, Any]:
+def bench_lazy_vs_exact(dataset: str, repeat: int, threshold: float, lazy_epochs: int, device: torch.device
+                        ) -> dict[str, Any]:
     d = load_dataset(dataset)
     n_init = min(9900, len(d.y_train) - 100)
     x_init, y_init = d.x_train[:n_init], d.y_train[:n_init]
     x_batch, y_batch = d.x_train[n_init:n_init + 100], d.y_train[n_init:n_init + 100]
     x_test, y_test = d.x_test[:100], d.y_test[:100]  # an IID test set of 100 points, as in the paper
-    model = build_model("cnn", d.input_shape, d.num_classes, seed=0)
-    train_epochs(model, x_init, y_init, epochs=3, batch_size=64, lr=0.05, seed=0, device=CPU)  # w0 = model_D
+    model = build_model("cnn", d.input_shape, d.num_classes, seed=0).to(device)
+    train_epochs(model, x_init, y_init, epochs=3, batch_size=64, lr=0.05, seed=0, device=device)  # w0 = model_D
     w0 = state_of(model)
 
     def exact() -> float:
-        fresh = build_model("cnn", d.input_shape, d.num_classes, seed=1)
+        fresh = build_model("cnn", d.input_shape, d.num_classes, seed=1).to(device)
         x = torch.cat([x_init, x_batch])
         y = torch.cat([y_init, y_batch])
         for epoch in range(200):  # retrain to the convergence threshold (capped)
-            loss = train_epochs(fresh, x, y, epochs=1, batch_size=64, lr=0.05, seed=epoch, device=CPU)
+            loss = train_epochs(fresh, x, y, epochs=1, batch_size=64, lr=0.05, seed=epoch, device=device)
             if loss < threshold:
                 break
         with torch.no_grad():
-            return validation_loss(model, w0, x_test, y_test, CPU) - float(F.cross_entropy(fresh(x_test), y_test))
+            return validation_loss(model, w0, x_test, y_test, device) - float(
+                F.cross_entropy(fresh(x_test.to(device)), y_test.to(device)))
 
     def lazy() -> float:
         p = train_copy(copy.deepcopy(model), w0, x_batch, y_batch, epochs=lazy_epochs, batch_size=32, lr=0.05,
-                       seed=0, device=CPU)
-        return validation_loss(model, w0, x_test, y_test, CPU) - validation_loss(model, p, x_test, y_test, CPU)
+                       seed=0, device=device)
+        return validation_loss(model, w0, x_test, y_test, device) - validation_loss(model, p, x_test, y_test, device)
 
     t_exact = timed(exact, max(1, repeat // 2))
     t_lazy = timed(lazy, repeat)
-    print(f"(b) influence of a 100-point batch on {n_init} initial points ({dataset}, small CNN)")
+    print(f"(b) influence of a 100-point batch on {n_init} initial points ({dataset}, small CNN, "
+          f"{describe_device(device)})")
     print(f"    exact (retrain to loss < {threshold}) {t_exact:8.2f} s")
     print(f"    lazy ({lazy_epochs} epochs on the batch)   {t_lazy:8.3f} s   speed-up {t_exact / t_lazy:.0f}x")
-    return {"dataset": dataset, "initial_points": n_init, "threshold": threshold, "lazy_epochs": lazy_epochs,
+    return {"dataset": dataset, "device": describe_device(device), "initial_points": n_init, "threshold": threshold,
+            "lazy_epochs": lazy_epochs,
             "exact_s": t_exact, "lazy_s": t_lazy, "speed_up": t_exact / t_lazy}
 
 
@@ -104,14 +110,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threshold", type=float, default=0.3)
     parser.add_argument("--lazy-epochs", type=int, default=20)
+    parser.add_argument("--device", default="cpu", help="cpu (the default), cuda, cuda:N or auto (the GPU if any)")
     parser.add_argument("--only", choices=["a", "b"])
     parser.add_argument("--json", type=Path, help="also write the figures here (what docs/ tables are drawn from)")
     args = parser.parse_args()
+    try:
+        device = pick_device(args.device)
+    except (ValueError, RuntimeError) as e:  # CUDA asked for on a machine without it, or a malformed name
+        parser.error(str(e))
     figures: dict[str, Any] = {"repeat": args.repeat}
     if args.only != "b":
-        figures["scoring"] = bench_scoring(args.dataset, args.peers, args.val, args.repeat)
+        figures["scoring"] = bench_scoring(args.dataset, args.peers, args.val, args.repeat, device)
     if args.only != "a":
-        figures["lazy_vs_exact"] = bench_lazy_vs_exact(args.dataset, args.repeat, args.threshold, args.lazy_epochs)
+        figures["lazy_vs_exact"] = bench_lazy_vs_exact(args.dataset, args.repeat, args.threshold, args.lazy_epochs,
+                                                      device)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

@@ -30,7 +30,7 @@ from p2pfed.launch.adversary import conduct_of
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
-from p2pfed.learn.train import round_seed
+from p2pfed.learn.train import describe_device, pick_device, round_seed
 from p2pfed.learn.transforms import apply as apply_transform
 from p2pfed.methods import is_central, load_checked
 from p2pfed.methods.former import FORMER
@@ -145,6 +145,7 @@ class MethodRun:
 
     method: str
     seconds: float = 0.0
+    device: str = ""  # what the nodes trained on (train.device resolved on this machine), e.g. "cpu"
     crashed: dict[str, str] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
 
@@ -423,6 +424,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
             await coordinator.endpoint.stop()
         await mesh.close()
     mesh.run.seconds = time.monotonic() - t0
+    mesh.run.device = describe_device(pick_device(scenario.train.device))  # the nodes' children resolve it alike
     (out / "run.json").write_text(json.dumps(mesh.run.__dict__, indent=2))
     return mesh.run
 

@@ -27,6 +27,14 @@ def pick_device(requested: str = "auto") -> torch.device:
     return torch.device(requested)
 
 
+def describe_device(device: torch.device) -> str:
+    """What a run's records and benchmarks name the device by: "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)"."""
+    if device.type != "cuda":
+        return str(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
 @dataclass
 class Evaluation:
     """Loss, accuracy and macro-F1 of a model on one labelled set."""

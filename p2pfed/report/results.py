@@ -4,7 +4,7 @@ summary.json is a contract for users' scripts::
 
     {"methods": {"<method>": {"accuracy": float, "micro_accuracy": float, "bottom5_accuracy": float,
                               "macro_f1": float, "ari": float | null, "own_cluster_peers": float | null,
-                              "bytes_sent": int, "seconds": float, ...}}}
+                              "bytes_sent": int, "seconds": float, "device": str, ...}}}
 
 accuracy is the mean of the nodes' personalised test accuracy (for next-token prediction: of the next character),
 each node counting once (the per-node mean Rokvic et al. 2025 report); micro_accuracy weighs each node by its test
@@ -105,6 +105,9 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "own_cluster_peers": own,
         "bytes_sent": bytes_sent,
         "seconds": float(run.get("seconds", 0.0)),
+        # what the nodes trained on ("cpu", "cuda:0 (NVIDIA H100 80GB HBM3)"); absent from runs made before it was
+        # recorded, whose summaries stay as shipped
+        **({"device": run["device"]} if run.get("device") else {}),
         "nodes_finished": len(finals),
         "nodes": len(per_node),
         # rounds nodes skipped to catch up with their peers (a finished node may not have run every round)
@@ -201,7 +204,7 @@ def write_report(run_dir: Path) -> dict[str, Any]:
     methods = [p for p in sorted(run_dir.iterdir()) if p.is_dir() and record_files(p)]
     summary = {"methods": {m.name: summarize_method(m, partition) for m in methods}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (run_dir / "results.md").write_text(results_table(summary, fmt="github") + "\n")
+    (run_dir / "results.md").write_text(results_table(summary, fmt="github") + "\n" + devices_line(summary))
     plot_run(run_dir, partition, methods)
     return summary
 
@@ -231,12 +234,25 @@ def results_table(summary: dict[str, Any], fmt: str = "simple") -> str:
     return tabulate(rows, headers=headers, tablefmt=fmt)
 
 
+def devices_line(summary: dict[str, Any]) -> str:
+    """'Trained on: cpu.' (one line per run; each method's device where they differ), or nothing where no method
+    recorded its device (runs made before it was)."""
+    devices = {name: m["device"] for name, m in summary["methods"].items() if m.get("device")}
+    if not devices:
+        return ""
+    if len(set(devices.values())) == 1:
+        return f"\nTrained on: {next(iter(devices.values()))}.\n"
+    return "\nTrained on: " + "; ".join(f"{name}: {d}" for name, d in devices.items()) + ".\n"
+
+
 def report_run(run_dir: Path) -> str:
     """Redraw a run folder's report and return its table (for `p2pfed report`)."""
     if not (run_dir / "partition.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no partition.json)")
     summary = write_report(run_dir)
     lines = [results_table(summary)]
+    if devices := devices_line(summary).strip():
+        lines.append(devices)
     for name, m in summary["methods"].items():
         if m["crashed"]:
             lines.append(f"{name}: crashed nodes: " + "; ".join(f"{k}: {v}" for k, v in m["crashed"].items()))

@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from p2pfed.learn.train import (
+    describe_device,
     distance_penalty,
     evaluate,
     maml_first_order,
@@ -218,6 +219,14 @@ def test_the_device_is_cuda_when_there_is_one_and_a_missing_one_is_refused(monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pick_device() == torch.device("cuda") and pick_device("cuda:1") == torch.device("cuda:1")
     assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_a_device_is_named_with_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert describe_device(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU {i}")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert describe_device(torch.device("cuda:1")) == "cuda:1 (GPU 1)"
+    assert describe_device(torch.device("cuda")) == "cuda:3 (GPU 3)"  # the current one, as torch picks it
 
 
 def test_fedavg_of_identical_models_is_that_model_in_half_precision_too() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from p2pfed.report.records import append_record
-from p2pfed.report.results import summarize_method, write_report
+from p2pfed.report.results import report_run, summarize_method, write_report
 
 NODES = ["n00", "n01", "n02", "n03"]
 PARTITION = {"nodes": NODES, "true_cluster": [0, 0, 1, 1], "adversaries": {"n03": "noise-model"}}
@@ -129,3 +129,20 @@ def column(results: Path, header: str) -> dict[str, str]:
     head, _, *rows = ([cell.strip() for cell in line.strip("|").split("|")]
                       for line in results.read_text().splitlines() if line.startswith("|"))
     return {row[0]: row[head.index(header)] for row in rows}
+
+
+def test_the_device_each_method_trained_on_is_reported_and_runs_that_did_not_record_it_stay_as_they_were(
+        tmp_path: Path) -> None:
+    for method, device in [("a", "cpu"), ("b", "cuda:0 (NVIDIA H100 80GB HBM3)"), ("old", None)]:
+        folder = run_folder(tmp_path, method, {n: [final(0.9)] for n in NODES})
+        if device:
+            (folder / "run.json").write_text(json.dumps({"seconds": 1.0, "device": device}))
+    summary = write_report(tmp_path)["methods"]
+    assert summary["a"]["device"] == "cpu" and "device" not in summary["old"]
+    line = "Trained on: a: cpu; b: cuda:0 (NVIDIA H100 80GB HBM3)."
+    assert (tmp_path / "results.md").read_text().endswith(line + "\n") and report_run(tmp_path).endswith(line)
+    (tmp_path / "b" / "run.json").write_text(json.dumps({"device": "cpu"}))
+    assert report_run(tmp_path).endswith("\nTrained on: cpu.")
+    for m in ("a", "b"):
+        (tmp_path / m / "run.json").unlink()
+    assert "Trained on" not in report_run(tmp_path)

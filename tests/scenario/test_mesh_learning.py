@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from p2pfed.launch.runner import run_scenario
 from p2pfed.scenario.config import load_scenario
@@ -186,6 +187,9 @@ def test_the_papers_selection_and_clustering_rules_run_over_sockets(tmp_path: Pa
         ["n01", "n02"]]
     table = (out / "results.md").read_text()
     assert "pfedlia-p2p-paper" in table and "pfedlia-central-paper" in table
+    # train.device = "auto" resolved and recorded: the GPU where there is one
+    device = "cpu" if not torch.cuda.is_available() else f"cuda:0 ({torch.cuda.get_device_name(0)})"
+    assert {summary[m]["device"] for m in summary} == {device} and table.endswith(f"Trained on: {device}.\n")
 
 
 def test_a_run_over_seeds_reports_mean_and_sd_and_resumes_without_running_again(tmp_path: Path) -> None:
