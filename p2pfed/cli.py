@@ -185,6 +185,7 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a scripted scenario on this machine: a progress bar per method, then the table."""
+    from p2pfed.launch.failures import failure_lines
     from p2pfed.launch.runner import log_to_run_folder, prepare_run, run_interrupted
     from p2pfed.report.results import report_run
 
@@ -201,16 +202,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     print(report_run(out))
     print(f"\nrun folder: {out}")
-    return 0
+    return _failed(failure_lines(out))
 
 
 def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
     """p2pfed run --seeds: the scenario once per seed, then the table of mean ± sd over the seeds."""
     import time
 
+    from p2pfed.launch.failures import failure_lines
     from p2pfed.launch.runner import check_seeds_run, log_to_run_folder, run_seeds
     from p2pfed.methods import load_checked
-    from p2pfed.report.seeds import crash_lines, seeds_table
+    from p2pfed.report.seeds import crash_lines, seed_folders, seeds_table
 
     path = Path(args.scenario)
     name = load_checked(path, args.overrides).name
@@ -226,7 +228,18 @@ def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
     summary = json.loads((out / "summary.json").read_text())
     print("\n".join([seeds_table(summary), *crash_lines(summary)]))
     print(f"\nrun folder: {out} (one run folder per seed: {out}/seed-S)")
-    return 0
+    return _failed([line for seed, folder in seed_folders(out).items()
+                    for line in failure_lines(folder, f" seed {seed}")], " (the same command runs them again)")
+
+
+def _failed(lines: list[str], hint: str = "") -> int:
+    """Exit status 1 with one line per method whose members did not all do their part, else 0."""
+    for line in lines:
+        print(f"p2pfed: {line}", file=sys.stderr)
+    if lines:
+        print(f"p2pfed: the run did not complete: its table counts only the members that finished{hint}",
+              file=sys.stderr)
+    return 1 if lines else 0
 
 
 MAX_SEEDS = 100

@@ -27,6 +27,7 @@ import torch
 
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.adversary import conduct_of
+from p2pfed.launch.failures import failure_reason, last_words, unfinished
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
@@ -37,6 +38,7 @@ from p2pfed.methods.former import FORMER
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
+from p2pfed.net.transport import allow_open_files
 from p2pfed.node.client import CentralNode
 from p2pfed.node.conduct import Conduct
 from p2pfed.node.learner import LearningNode
@@ -146,6 +148,8 @@ class MethodRun:
     method: str
     seconds: float = 0.0
     device: str = ""  # what the nodes trained on (train.device resolved on this machine), e.g. "cpu"
+    members: int = 0  # how many were to finish (launch/failures.py)
+    # member -> why it crashed, never joined the mesh or did not finish
     crashed: dict[str, str] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
 
@@ -160,6 +164,19 @@ class InProcessMesh:
         self.nodes: dict[int, LearningNode | CentralNode] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.run = MethodRun(method)
+        self.starting: str | None = None  # the member being started: a start that fails names it
+
+    def present(self) -> list[str]:
+        """The members that are to finish: those started and not stopped by a scripted leave or crash."""
+        return [self.scenario.node_name(i) for i in self.tasks]
+
+    def why(self, name: str) -> str | None:
+        """What is known of why a member did not finish (its crash)."""
+        return self.run.crashed.get(name)
+
+    def joined(self) -> set[str]:
+        """The members that joined the mesh (a node here is kept once its join was welcomed)."""
+        return {n.name for n in self.nodes.values()}
 
     async def start(self) -> None:
         self.boot = member(self.scenario, self.method, "bootstrap", self.out, "bootstrap")
@@ -172,11 +189,15 @@ class InProcessMesh:
         return node.endpoint.ticket if node is not None and not self.tasks[via].done() else self.boot.ticket
 
     async def start_node(self, index: int, start_round: int = 0, wait_for: int = 0, via: int = -1) -> None:
-        name = self.scenario.node_name(index)
+        name = self.starting = self.scenario.node_name(index)
         endpoint = member(self.scenario, self.method, name, self.out,
                           recipe=recipe_of(self.scenario, self.method, self.dataset))
-        await endpoint.start("tcp://127.0.0.1:0", [self.entry(via)])
-        await endpoint.wait_joined(30)
+        try:
+            await endpoint.start("tcp://127.0.0.1:0", [self.entry(via)])
+            await endpoint.wait_joined(30)
+        except BaseException:
+            await endpoint.stop(leave=False)  # its sockets and tasks, not left behind for the next method
+            raise
         node = make_node(self.scenario, scenario_node(self.scenario, index, self.dataset, self.partition), self.method,
                          endpoint, self.out, conduct=conduct_of(self.scenario, index))
         self.nodes[index] = node
@@ -227,6 +248,7 @@ class ProcessMesh(InProcessMesh):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}  # node index -> its process
+        self.logs: dict[int, Path] = {}  # node index -> its process's log
         self.delays: dict[int, float] = {}
 
     def entry(self, via: int = -1) -> str:
@@ -242,7 +264,7 @@ class ProcessMesh(InProcessMesh):
         await self.start_group([index], start_round, wait_for, via)
 
     async def start_group(self, indices: list[int], start_round: int = 0, wait_for: int = 0, via: int = -1) -> None:
-        first = self.scenario.node_name(indices[0])
+        first = self.starting = self.scenario.node_name(indices[0])
         log_path = self.out / (f"{first}.log" if len(indices) == 1 else f"{first}-group.log")
         cmd = [sys.executable, "-m", "p2pfed", "node", "--join", self.entry(via), "--bind", "tcp://127.0.0.1:0",
                "--scenario", str(Path(self.scenario.path).resolve()), "--index", ",".join(map(str, indices)),
@@ -257,6 +279,21 @@ class ProcessMesh(InProcessMesh):
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         for i in indices:
             self.procs[i] = proc
+            self.logs[i] = log_path
+
+    def present(self) -> list[str]:
+        return [self.scenario.node_name(i) for i in self.procs]
+
+    def joined(self) -> set[str]:
+        """The children's nodes the bootstrap welcomed (it keeps them in its table, alive or not)."""
+        return set(self.boot.peers.peers) if self.boot is not None else set()
+
+    def why(self, name: str) -> str | None:
+        """A child's crash as the runner saw it, with what the child said last (its log)."""
+        index = next((i for i, p in self.logs.items() if self.scenario.node_name(i) == name), None)
+        said = last_words(self.logs.get(index)) if index is not None else None
+        seen = self.run.crashed.get(name)
+        return f"{said} ({seen})" if said and seen else said or seen
 
     async def stop_node(self, index: int, crash: bool) -> None:
         proc = self.procs.pop(index, None)
@@ -388,12 +425,19 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
     script = Script(scenario, mesh)
     coordinator: Coordinator | None = None
     coordinator_task: asyncio.Task[None] | None = None
+    present: list[str] = []  # the members that were to finish, once known
     try:
         await mesh.start()
-        if is_central(method):
-            coordinator, coordinator_task = await _start_coordinator(mesh, wait_for=len(initial))
-        await _start_nodes(mesh, initial)
-        while True:
+        try:
+            if is_central(method):
+                coordinator, coordinator_task = await _start_coordinator(mesh, wait_for=len(initial))
+            await _start_nodes(mesh, initial)
+        except Exception as exc:  # a member that could not start ends the method: its reason in one line
+            # (the traceback in run.log); the nodes it started are stopped and counted as not finished
+            log.info("%s: %s could not start", method, mesh.starting, exc_info=exc)  # the terminal has its line
+            mesh.run.crashed[mesh.starting or "runner"] = failure_reason(exc, len(mesh.present()), scenario.nodes)
+            present = [n for n in [mesh.starting, *mesh.present()] if n]
+        while not present:  # until every member ended (or the start failed)
             await asyncio.sleep(0.2)
             rounds = mesh.rounds()
             front, done = max(rounds.values(), default=0), min(rounds.values(), default=0)
@@ -415,7 +459,9 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                 elif progress and not mesh.run.crashed:  # a node's round is the last it began: it ended them all
                     progress(method, scenario.rounds, scenario.rounds)
                 break
+        present = present or mesh.present()
     finally:
+        joined = mesh.joined()  # before the mesh closes: the bootstrap's table goes with it
         if coordinator_task is not None and not coordinator_task.done():
             coordinator_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -424,6 +470,8 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
             await coordinator.endpoint.stop()
         await mesh.close()
     mesh.run.seconds = time.monotonic() - t0
+    mesh.run.members = len(present)
+    mesh.run.crashed.update(unfinished(out, present, joined, {n: why for n in present if (why := mesh.why(n))}))
     mesh.run.device = describe_device(pick_device(scenario.train.device))  # the nodes' children resolve it alike
     (out / "run.json").write_text(json.dumps(mesh.run.__dict__, indent=2))
     return mesh.run
@@ -443,6 +491,7 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
         shutil.copy(scenario.path, out / "scenario.toml")
     # Many nodes share two cores: one torch thread per training call, two training calls at a time.
     torch.set_num_threads(1)
+    allow_open_files()  # a socket per peer: as many open files as the hard limit allows (children inherit it)
     dataset, partition = prepare_data(scenario)
     shape = {
         "nodes": [scenario.node_name(i) for i in range(scenario.nodes)],

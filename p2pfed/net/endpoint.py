@@ -35,7 +35,15 @@ from urllib.parse import urlparse
 from p2pfed.net import security
 from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
 from p2pfed.net.throttle import LogLimiter, remember
-from p2pfed.net.transport import BadAddress, DeliveryError, Handler, Refusal, Transport, TransportOptions
+from p2pfed.net.transport import (
+    BadAddress,
+    DeliveryError,
+    Handler,
+    Refusal,
+    Transport,
+    TransportOptions,
+    out_of_files,
+)
 from p2pfed.net.waits import first_of
 from p2pfed.wire import NO_REPLY, SCHEMAS, Message, TryLater, WireError
 from p2pfed.wire.messages import LEARNING, MAX_PEERS_LISTED, SchemaError, check_address, check_value
@@ -60,6 +68,10 @@ class MeshOptions:
     max_peers: int = 1024  # members known at once; more are refused (one log line per sender and window)
     insecure: bool = False  # plain TCP, names trusted on their word: only on a network where every host is trusted
 
+
+# Running out of open files is the whole process's trouble: one line a minute for all its members, not a
+# line per member and peer (250 nodes of one process would write thousands)
+OUT_OF_FILES = LogLimiter(log, per_key=1, total=1, window=60.0)
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
 MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req"})  # what the endpoint answers itself
@@ -294,6 +306,9 @@ class Endpoint:
                 return False  # not now (no key for it, connections busy): the next period tries again
             problem: Exception = exc
         except Exception as exc:  # anything else about this one peer: drop it, never the caller's loop
+            if out_of_files(exc):  # this process's trouble, not the peer's: keep it, and say so once a window
+                OUT_OF_FILES.warning("open-files", "%s: cannot reach peers: %s (ulimit -n)", self.name, exc)
+                return False
             problem = exc
         self.complaints.warning(peer.name, "%s: dropping peer %s: %s", self.name, peer.name, problem)
         self.peers.peers.pop(peer.name, None)

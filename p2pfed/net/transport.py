@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import resource
 import socket
@@ -125,7 +126,7 @@ class Transport:
         # socket holds a file or two: raise both limits to what the cap needs. ctx.set, not ctx.setsockopt: the
         # latter is a default for the context's sockets, where libzmq ignores an option it has not.
         self.ctx.set(zmq.MAX_SOCKETS, self.options.max_dealers + 64)
-        _allow_open_files(3 * self.options.max_dealers + 256)
+        allow_open_files(3 * self.options.max_dealers + 256)
         # The ZAP handler serves the bound ROUTER only, and needs the running loop: started by bind().
         self.auth: security.ZapHandler | None = None
         self.router: zmq.asyncio.Socket | None = None
@@ -535,10 +536,18 @@ def _peer_of(fd: int) -> str:
         return _UNSEEN
 
 
-def _allow_open_files(needed: int) -> None:
-    """Raise this process's soft limit of open files towards needed (never past its hard limit)."""
+def allow_open_files(needed: int | None = None) -> None:
+    """Raise this process's soft limit of open files towards needed, or as far as the hard limit goes when
+    needed is None (never past it; child processes inherit it). A container may refuse: the limit then stays."""
     with contextlib.suppress(ValueError, OSError):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        needed = (hard if hard != resource.RLIM_INFINITY else 1 << 20) if needed is None else needed
         if soft != resource.RLIM_INFINITY and soft < needed:
             target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
+
+
+def out_of_files(exc: BaseException) -> bool:
+    """Whether exc is 'too many open files' (an OSError, or pyzmq's ZMQError, which carries errno too): this
+    process's trouble, not a peer's."""
+    return getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE)

@@ -245,6 +245,14 @@ def devices_line(summary: dict[str, Any]) -> str:
     return "\nTrained on: " + "; ".join(f"{name}: {d}" for name, d in devices.items()) + ".\n"
 
 
+def failed_members(crashed: dict[str, str], shown: int = 3) -> str:
+    """'members that failed: n00: why; n01: why; and 248 more' (a run of many nodes that failed at its start
+    would otherwise print one line of them all)."""
+    items = [f"{k}: {v}" for k, v in list(crashed.items())[:shown]]
+    more = f"; and {len(crashed) - shown} more (run.json)" if len(crashed) > shown else ""
+    return "members that failed: " + "; ".join(items) + more
+
+
 def report_run(run_dir: Path) -> str:
     """Redraw a run folder's report and return its table (for `p2pfed report`)."""
     if not (run_dir / "partition.json").exists():
@@ -255,7 +263,7 @@ def report_run(run_dir: Path) -> str:
         lines.append(devices)
     for name, m in summary["methods"].items():
         if m["crashed"]:
-            lines.append(f"{name}: crashed nodes: " + "; ".join(f"{k}: {v}" for k, v in m["crashed"].items()))
+            lines.append(f"{name}: {failed_members(m['crashed'])}")
     return "\n".join(lines)
 
 

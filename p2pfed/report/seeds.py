@@ -32,7 +32,7 @@ from tabulate import tabulate
 
 from p2pfed.methods.former import FORMER
 from p2pfed.report.records import read_json, read_records
-from p2pfed.report.results import line_style, write_report
+from p2pfed.report.results import failed_members, line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
 
 METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "worst5_accuracy", "best5_rounds_micro_accuracy",
@@ -174,8 +174,8 @@ def seeds_table(summary: dict[str, Any], fmt: str = "simple") -> str:
 
 
 def crash_lines(summary: dict[str, Any]) -> list[str]:
-    """One line per method and seed in which nodes crashed."""
-    return [f"{name} seed {seed}: crashed nodes: " + "; ".join(f"{k}: {v}" for k, v in crashed.items())
+    """One line per method and seed in which members crashed, never joined or did not finish."""
+    return [f"{name} seed {seed}: {failed_members(crashed)}"
             for name, m in summary["methods"].items() for seed, crashed in m["crashed"].items()]
 
 

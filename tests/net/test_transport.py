@@ -573,9 +573,12 @@ def test_peer_of_names_the_remote_end_or_says_it_cannot() -> None:
     ((800, 1000), 500, None),  # already enough
     ((500, 1000), 500, None),  # exactly enough
     ((resource.RLIM_INFINITY, resource.RLIM_INFINITY), 500, None),
+    ((1024, 524288), None, (524288, 524288)),  # None: as far as the hard limit goes (a run of many nodes)
+    ((1024, resource.RLIM_INFINITY), None, (1 << 20, resource.RLIM_INFINITY)),
 ])
 def test_the_open_files_limit_is_raised_to_what_the_dealer_cap_needs(
-        monkeypatch: pytest.MonkeyPatch, limits: tuple[int, int], needed: int, set_to: tuple[int, int] | None) -> None:
+        monkeypatch: pytest.MonkeyPatch, limits: tuple[int, int], needed: int | None,
+        set_to: tuple[int, int] | None) -> None:
     from p2pfed.net import transport
 
     calls: list[tuple[int, int]] = []
@@ -586,7 +589,7 @@ def test_the_open_files_limit_is_raised_to_what_the_dealer_cap_needs(
         calls.append(value)
 
     monkeypatch.setattr(transport.resource, "setrlimit", setrlimit)
-    transport._allow_open_files(needed)
+    transport.allow_open_files(needed)
     assert calls == ([set_to] if set_to else [])
 
 
@@ -600,7 +603,7 @@ def test_an_open_files_limit_that_cannot_be_raised_is_left_as_it_is(monkeypatch:
 
     monkeypatch.setattr(transport.resource, "getrlimit", lambda which: (100, 1000))
     monkeypatch.setattr(transport.resource, "setrlimit", refuse)
-    transport._allow_open_files(500)  # a member still starts; the limit shows when sockets run out
+    transport.allow_open_files(500)  # a member still starts; the limit shows when sockets run out
 
 
 async def test_refusals_are_logged_within_a_budget_per_sender(transports: Make, caplog: pytest.LogCaptureFixture
@@ -984,7 +987,7 @@ async def test_sockets_are_set_up_as_the_options_say(transports: Make, monkeypat
     from p2pfed.net import transport as transport_module
 
     wanted: list[int] = []
-    monkeypatch.setattr(transport_module, "_allow_open_files", wanted.append)
+    monkeypatch.setattr(transport_module, "allow_open_files", wanted.append)
     options = TransportOptions(max_message_bytes=3 << 20, sndhwm=7, rcvhwm=9, reconnect_ivl_ms=150,
                                reconnect_ivl_max_ms=3000, socket_buffer_bytes=1 << 17, max_dealers=40)
     limits = DEFAULT_LIMITS.__class__(**{**DEFAULT_LIMITS.__dict__, "max_tensors": 11})
