@@ -426,6 +426,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
     coordinator: Coordinator | None = None
     coordinator_task: asyncio.Task[None] | None = None
     present: list[str] = []  # the members that were to finish, once known
+    failed = False
     try:
         await mesh.start()
         try:
@@ -437,7 +438,8 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
             log.info("%s: %s could not start", method, mesh.starting, exc_info=exc)  # the terminal has its line
             mesh.run.crashed[mesh.starting or "runner"] = failure_reason(exc, len(mesh.present()), scenario.nodes)
             present = [n for n in [mesh.starting, *mesh.present()] if n]
-        while not present:  # until every member ended (or the start failed)
+            failed = True
+        while not failed:
             await asyncio.sleep(0.2)
             rounds = mesh.rounds()
             front, done = max(rounds.values(), default=0), min(rounds.values(), default=0)
@@ -459,7 +461,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                 elif progress and not mesh.run.crashed:  # a node's round is the last it began: it ended them all
                     progress(method, scenario.rounds, scenario.rounds)
                 break
-        present = present or mesh.present()
+        present = present if failed else mesh.present()
     finally:
         joined = mesh.joined()  # before the mesh closes: the bootstrap's table goes with it
         if coordinator_task is not None and not coordinator_task.done():
