@@ -202,7 +202,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     print(report_run(out))
     print(f"\nrun folder: {out}")
-    return _failed(failure_lines(out))
+    return _failed(failure_lines(out, methods=scenario.methods))  # this command's methods, not earlier ones
 
 
 def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
@@ -228,8 +228,10 @@ def _run_seeds(args: argparse.Namespace, methods: list[str] | None) -> int:
     summary = json.loads((out / "summary.json").read_text())
     print("\n".join([seeds_table(summary), *crash_lines(summary)]))
     print(f"\nrun folder: {out} (one run folder per seed: {out}/seed-S)")
-    return _failed([line for seed, folder in seed_folders(out).items()
-                    for line in failure_lines(folder, f" seed {seed}")], " (the same command runs them again)")
+    folders = seed_folders(out)
+    return _failed([line for seed in args.seeds if seed in folders  # this command's seeds and methods
+                    for line in failure_lines(folders[seed], f" seed {seed}", methods)],
+                   " (the same command runs them again)")
 
 
 def _failed(lines: list[str], hint: str = "") -> int:

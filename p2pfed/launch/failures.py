@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import resource
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ def open_files_help(started: int, nodes: int) -> str:
     """The line for a run that ran out of open files: the limit, and the settings that help."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return (f"too many open files: a process may open {soft} (ulimit -n) and {started} of {nodes} nodes had "
-            "started in this one, each with a connection to each peer: spread the nodes over processes "
+            "started, each with a connection to each peer: spread the nodes over more processes "
             "(--set scenario.workers=4 or more) or raise the limit (ulimit -n 65536; the hard limit, ulimit -Hn, "
             "caps it)")
 
@@ -51,6 +52,8 @@ def last_words(log_path: Path | None) -> str | None:
         return None
     said = None
     for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("p2pfed: WARNING"):  # a warning at its start (--insecure), not why it ended
+            continue
         if line.startswith("p2pfed: "):
             said = line.removeprefix("p2pfed: ")
         elif re.match(r"^[\w.]*(Error|Exception)\b", line):
@@ -74,10 +77,11 @@ def progress_of(records_file: Path) -> tuple[bool, int | None]:
     return final, last
 
 
-def unfinished(out: Path, members: list[str], joined: set[str], reasons: dict[str, str]) -> dict[str, str]:
+def unfinished(out: Path, members: list[str], joined: set[str], why: Callable[[str], str | None]
+               ) -> dict[str, str]:
     """The members among those that were to finish that have no final record, each with its reason: it never
     joined the mesh, or joined and did not finish (before its first round, or its last round), and why where
-    that is known (reasons)."""
+    that is known (why(name), asked of those alone)."""
     found = {}
     for name in members:
         final, last = progress_of(out / f"{name}.jsonl")
@@ -87,16 +91,19 @@ def unfinished(out: Path, members: list[str], joined: set[str], reasons: dict[st
             what = f"{NOT_FINISHED} (stopped before its first round)" if name in joined else NEVER_JOINED
         else:
             what = f"{NOT_FINISHED} (its last record: round {last})"
-        why = reasons.get(name)
-        found[name] = f"{what}: {why}" if why else what
+        known = why(name)
+        found[name] = f"{what}: {known}" if known else what
     return found
 
 
-def failure_lines(folder: Path, label: str = "") -> list[str]:
-    """One line per method of a run folder whose members did not all do their part: how many never joined,
-    did not finish or crashed, and the first one's reason, with where the logs are."""
+def failure_lines(folder: Path, label: str = "", methods: list[str] | None = None) -> list[str]:
+    """One line per method of a run folder (of those named, by default all) whose members did not all do their
+    part: how many never joined, did not finish or crashed, and the first one's reason, with where the logs
+    are."""
     lines = []
     for path in sorted(folder.glob("*/run.json")):
+        if methods is not None and path.parent.name not in methods:
+            continue
         try:
             run: dict[str, Any] = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):

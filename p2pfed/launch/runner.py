@@ -27,7 +27,7 @@ import torch
 
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.adversary import conduct_of
-from p2pfed.launch.failures import failure_reason, last_words, unfinished
+from p2pfed.launch.failures import NEVER_JOINED, NOT_FINISHED, failure_reason, last_words, unfinished
 from p2pfed.learn.datasets import Dataset, load_dataset
 from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
@@ -195,11 +195,11 @@ class InProcessMesh:
         try:
             await endpoint.start("tcp://127.0.0.1:0", [self.entry(via)])
             await endpoint.wait_joined(30)
+            node = make_node(self.scenario, scenario_node(self.scenario, index, self.dataset, self.partition),
+                             self.method, endpoint, self.out, conduct=conduct_of(self.scenario, index))
         except BaseException:
             await endpoint.stop(leave=False)  # its sockets and tasks, not left behind for the next method
             raise
-        node = make_node(self.scenario, scenario_node(self.scenario, index, self.dataset, self.partition), self.method,
-                         endpoint, self.out, conduct=conduct_of(self.scenario, index))
         self.nodes[index] = node
         self.tasks[index] = asyncio.get_running_loop().create_task(
             self._run_node(node, start_round, wait_for), name=name)
@@ -357,7 +357,7 @@ class Script:
             mesh.run.events.append(f"round {ev.round}: {ev.action} {name} (mesh at round {front})")
             log.info("%s: event at round %d: %s %s", method, front, ev.action, name)
             if ev.action == "join":
-                await mesh.start_node(ev.node, start_round=ev.round, via=ev.via)
+                await self._start(ev.node, ev.round, NEVER_JOINED, ev.via)
             elif ev.action in ("leave", "crash"):
                 await mesh.stop_node(ev.node, crash=ev.action == "crash")
                 if ev.action == "crash" and ev.restart_after:
@@ -368,17 +368,32 @@ class Script:
             self.restarts.remove(item)
             name = self.scenario.node_name(item[1])
             mesh.run.events.append(f"round {item[0]}: restart {name} (mesh at round {front})")
-            await mesh.start_node(item[1], start_round=item[0])
+            await self._start(item[1], item[0], f"{NOT_FINISHED} (its restart failed)")
+
+    async def _start(self, index: int, start_round: int, what: str, via: int = -1) -> None:
+        """A scripted join or restart; one that fails is told (run.json, the run's line) and the run goes on."""
+        try:
+            await self.mesh.start_node(index, start_round=start_round, via=via)
+        except Exception as exc:
+            name = self.scenario.node_name(index)
+            log.info("%s: %s could not start", self.mesh.method, name, exc_info=exc)  # the terminal has its line
+            why = failure_reason(exc, len(self.mesh.present()), self.scenario.nodes)
+            self.mesh.run.crashed[name] = f"{what}: {why}"
 
 
 async def _start_coordinator(mesh: InProcessMesh, wait_for: int) -> tuple[Coordinator, asyncio.Task[None]]:
     """A coordinated method's coordinator, joined to the mesh and running."""
     assert mesh.boot is not None
+    mesh.starting = "coordinator"
     endpoint = member(mesh.scenario, mesh.method, "coordinator", mesh.out, "coordinator",
                       recipe_of(mesh.scenario, mesh.method, mesh.dataset))
-    await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.ticket])
-    await endpoint.wait_joined(30)
-    coordinator = make_coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
+    try:
+        await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.ticket])
+        await endpoint.wait_joined(30)
+        coordinator = make_coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
+    except BaseException:
+        await endpoint.stop(leave=False)  # not left behind for the next method
+        raise
     task = asyncio.get_running_loop().create_task(coordinator.run(wait_for=wait_for), name="coordinator")
     return coordinator, task
 
@@ -419,6 +434,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
         stale.unlink()
     in_children = scenario.processes or scenario.workers > 1
     mesh: InProcessMesh = (ProcessMesh if in_children else InProcessMesh)(scenario, method, dataset, partition, out)
+    mesh.run.device = device_of(scenario)
     t0 = time.monotonic()
     late = {ev.node for ev in scenario.events if ev.action == "join"}
     initial = [i for i in range(scenario.nodes) if i not in late]
@@ -436,7 +452,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
         except Exception as exc:  # a member that could not start ends the method: its reason in one line
             # (the traceback in run.log); the nodes it started are stopped and counted as not finished
             log.info("%s: %s could not start", method, mesh.starting, exc_info=exc)  # the terminal has its line
-            mesh.run.crashed[mesh.starting or "runner"] = failure_reason(exc, len(mesh.present()), scenario.nodes)
+            mesh.run.crashed[mesh.starting or "runner"] = failure_reason(exc, len(mesh.present()), len(initial))
             present = [n for n in [mesh.starting, *mesh.present()] if n]
             failed = True
         while not failed:
@@ -472,11 +488,19 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
             await coordinator.endpoint.stop()
         await mesh.close()
     mesh.run.seconds = time.monotonic() - t0
-    mesh.run.members = len(present)
-    mesh.run.crashed.update(unfinished(out, present, joined, {n: why for n in present if (why := mesh.why(n))}))
-    mesh.run.device = describe_device(pick_device(scenario.train.device))  # the nodes' children resolve it alike
+    mesh.run.members = max(len(present), len(initial)) if failed else len(present)
+    mesh.run.crashed.update(unfinished(out, present, joined, mesh.why))
     (out / "run.json").write_text(json.dumps(mesh.run.__dict__, indent=2))
     return mesh.run
+
+
+def device_of(scenario: Scenario) -> str:
+    """What the nodes train on, as run.json names it: train.device resolved on this machine (node processes
+    started here resolve it alike), or as asked where it cannot be resolved here."""
+    try:
+        return describe_device(pick_device(scenario.train.device))
+    except (ValueError, RuntimeError, AssertionError):  # no such GPU here
+        return scenario.train.device
 
 
 def _interrupt(flag: list[bool], task: asyncio.Task[Any]) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import socket
 import time
@@ -71,7 +72,8 @@ class MeshOptions:
 
 # Running out of open files is the whole process's trouble: one line a minute for all its members, not a
 # line per member and peer (250 nodes of one process would write thousands)
-OUT_OF_FILES = LogLimiter(log, per_key=1, total=1, window=60.0)
+OUT_OF_FILES_EVERY = 60.0
+_out_of_files_told = [-math.inf]  # when this process last said so (time.monotonic)
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
 MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req"})  # what the endpoint answers itself
@@ -306,10 +308,12 @@ class Endpoint:
                 return False  # not now (no key for it, connections busy): the next period tries again
             problem: Exception = exc
         except Exception as exc:  # anything else about this one peer: drop it, never the caller's loop
-            if out_of_files(exc):  # this process's trouble, not the peer's: keep it, and say so once a window
-                OUT_OF_FILES.warning("open-files", "%s: cannot reach peers: %s (ulimit -n)", self.name, exc)
-                return False
             problem = exc
+        if out_of_files(problem):  # this process's trouble, not the peer's: keep it, and say so once a minute
+            if time.monotonic() - _out_of_files_told[0] >= OUT_OF_FILES_EVERY:
+                _out_of_files_told[0] = time.monotonic()
+                log.warning("%s: cannot reach peers: too many open files (ulimit -n; said once a minute)", self.name)
+            return False
         self.complaints.warning(peer.name, "%s: dropping peer %s: %s", self.name, peer.name, problem)
         self.peers.peers.pop(peer.name, None)
         self.transport.forget(peer.address)

@@ -547,7 +547,13 @@ def allow_open_files(needed: int | None = None) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
 
 
-def out_of_files(exc: BaseException) -> bool:
-    """Whether exc is 'too many open files' (an OSError, or pyzmq's ZMQError, which carries errno too): this
-    process's trouble, not a peer's."""
-    return getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE)
+def out_of_files(exc: BaseException | None) -> bool:
+    """Whether exc is 'too many open files' (an OSError, or pyzmq's ZMQError, which carries errno too), or was
+    raised on account of one (a failed join or delivery that quotes it): this process's trouble, not a peer's."""
+    for _ in range(8):  # a chain of causes, bounded
+        if exc is None:
+            return False
+        if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "too many open files" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -18,9 +18,16 @@ def test_members_without_a_final_record_never_joined_or_did_not_finish(tmp_path:
     append_record(tmp_path / "n00.jsonl", "round", "n00", "m", 0)
     append_record(tmp_path / "n00.jsonl", "final", "n00", "m", 3)
     append_record(tmp_path / "n01.jsonl", "round", "n01", "m", 2)
-    (tmp_path / "n01.jsonl").open("a").write('{"event": "rou')  # a line cut short by a crash
-    found = unfinished(tmp_path, ["n00", "n01", "n02", "n03"], joined={"n00", "n01", "n03"},
-                       reasons={"n02": "no answer from tcp://10.0.0.1:9"})
+    with (tmp_path / "n01.jsonl").open("a") as f:
+        f.write('{"event": "rou')  # a line cut short by a crash
+    asked: list[str] = []
+
+    def why(name: str) -> str | None:
+        asked.append(name)
+        return "no answer from tcp://10.0.0.1:9" if name == "n02" else None
+
+    found = unfinished(tmp_path, ["n00", "n01", "n02", "n03"], joined={"n00", "n01", "n03"}, why=why)
+    assert asked == ["n01", "n02", "n03"]  # a member that finished costs no look at its logs
     assert found == {"n01": "did not finish (its last record: round 2)",
                      "n02": "never joined the mesh: no answer from tcp://10.0.0.1:9",
                      "n03": "did not finish (stopped before its first round)"}
@@ -47,7 +54,8 @@ def test_one_line_per_method_counts_each_kind_and_gives_the_first_reason(tmp_pat
 def test_a_reason_is_one_line_of_bounded_length_and_out_of_files_says_what_helps(tmp_path: Path) -> None:
     assert failure_reason(ConnectionError("no\nanswer " + "x" * 1000), 3, 10).startswith("no answer x")
     assert len(failure_reason(ConnectionError("x" * 1000), 3, 10)) == 300
-    for exc in (zmq.ZMQError(errno.EMFILE), OSError(errno.EMFILE, "Too many open files")):
+    quoted = ConnectionError("n09 could not join mesh 'm': hello to tcp://127.0.0.1:5 failed: Too many open files")
+    for exc in (zmq.ZMQError(errno.EMFILE), OSError(errno.EMFILE, "Too many open files"), quoted):
         reason = failure_reason(exc, 80, 250)
         assert reason.startswith("too many open files") and "80 of 250 nodes" in reason
         assert "scenario.workers" in reason and "ulimit -n" in reason
@@ -59,7 +67,8 @@ def test_a_child_process_last_words_are_its_error_line_or_its_traceback_end(tmp_
     log.write_text("12:00 INFO joined\nTraceback (most recent call last):\n  File x\n"
                    "zmq.error.ZMQError: Too many open files\nTask was destroyed but it is pending!\n")
     assert last_words(log) == "zmq.error.ZMQError: Too many open files"
-    log.write_text(log.read_text() + "p2pfed: n00 could not join mesh 'm': no answer\n")
+    log.write_text(log.read_text() + "p2pfed: n00 could not join mesh 'm': no answer\n"
+                   "p2pfed: WARNING: --insecure: plain TCP\n")  # a warning is not why it ended
     assert last_words(log) == "n00 could not join mesh 'm': no answer"
 
 

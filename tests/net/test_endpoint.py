@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import math
 import re
 import time
 from collections.abc import Callable
@@ -11,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import zmq
 
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, JoinError, MeshOptions, query_status
-from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT
-from p2pfed.net.transport import DeliveryError
+from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Peer
+from p2pfed.net.transport import BadAddress, DeliveryError
 from p2pfed.wire import Message
 from tests.helpers import free_port, wait_until
 
@@ -356,3 +359,35 @@ async def test_a_runtime_serves_each_message_type_once_and_never_a_membership_ty
             member.serve({mtype: answer})
     with pytest.raises(ValueError, match="progress is served already"):
         member.serve(progress=lambda: {})
+
+
+@pytest.mark.parametrize("error", [zmq.ZMQError(errno.EMFILE),  # a socket libzmq could not make
+                                   BadAddress("cannot connect to tcp://10.0.0.2:5: Too many open files")])
+async def test_a_process_out_of_open_files_keeps_its_peers_and_says_so_once_a_minute(
+        members: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, error: Exception) -> None:
+    from p2pfed.net import endpoint as endpoint_module
+
+    e = members("n0", options=dataclasses.replace(FAST, insecure=True))  # no keys to look up: straight to the send
+    for name in ("a", "b"):
+        e.peers.peers[name] = Peer(name, f"tcp://10.0.0.{len(name) + 1}:5", state=ALIVE)
+
+    def out_of_files(*_: object) -> bool:
+        raise error
+
+    monkeypatch.setattr(e.transport, "send_nowait", out_of_files)
+    now = [1000.0]
+    monkeypatch.setattr(endpoint_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(endpoint_module, "_out_of_files_told", [-math.inf])
+    for _ in range(3):
+        for name in ("a", "b"):
+            assert not e._send(e.peers.peers[name], "heartbeat", {})
+    assert set(e.peers.peers) == {"a", "b"}  # not the peers' fault: none dropped
+    said = [r.getMessage() for r in caplog.records if "open files" in r.getMessage()]
+    assert said == ["n0: cannot reach peers: too many open files (ulimit -n; said once a minute)"]
+    now[0] += 61
+    e._send(e.peers.peers["a"], "heartbeat", {})
+    assert sum("open files" in r.getMessage() for r in caplog.records) == 2
+    # another trouble with one peer still drops that peer
+    monkeypatch.setattr(e.transport, "send_nowait", lambda *_: (_ for _ in ()).throw(BadAddress("no such host")))
+    e._send(e.peers.peers["b"], "heartbeat", {})
+    assert set(e.peers.peers) == {"a"}
