@@ -179,7 +179,8 @@ def headline() -> str:
         methods = {m: v["accuracy"] for m, v in summary["methods"].items()}
         cells = [accuracy_cell(methods[m]) if m in methods else "–" for m in HEADLINE_METHODS]
         best = max(methods, key=lambda m: accuracy_mean(methods[m]))
-        seeds = f", {len(summary['seeds'])} seeds" if "seeds" in summary else ", seed 0"
+        ran = summary.get("seeds", [0])  # a run over seeds names them; a single run is seed 0's
+        seeds = f", {len(ran)} seeds" if len(ran) > 1 else f", seed {ran[0]}"
         rows.append(f"| [{name}]({page}): {what}{seeds} | " + " | ".join(cells)
                     + f" | {best} ({accuracy_cell(methods[best])}) |")
     return "\n".join(rows)
