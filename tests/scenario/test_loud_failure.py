@@ -45,7 +45,8 @@ def write(tmp_path: Path, nodes: int, workers: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("workers", [1, 2])  # the nodes in this process, or in two worker processes
+# the nodes in this process, or in two worker processes (each starts a Python with torch: slow on 2 cores)
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_run_whose_nodes_never_joined_exits_non_zero_with_one_line_saying_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], workers: int) -> None:
     monkeypatch.setattr(runner.InProcessMesh, "entry", lambda self, via=-1: NOBODY)
@@ -63,6 +64,7 @@ def test_a_run_whose_nodes_never_joined_exits_non_zero_with_one_line_saying_why(
     assert set(run["crashed"]) >= {"n00"}
 
 
+@pytest.mark.slow  # a p2pfed run of its own, in a shell with a low limit
 def test_a_run_out_of_open_files_names_the_limit_and_the_setting_that_helps(tmp_path: Path) -> None:
     path = write(tmp_path, nodes=40, workers=1)
     out = tmp_path / "run"
