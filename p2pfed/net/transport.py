@@ -40,6 +40,7 @@ from p2pfed.wire import (
     DEFAULT_LIMITS,
     GOODBYE,
     NO_REPLY,
+    PROBE,
     SCHEMAS,
     Limits,
     Message,
@@ -134,7 +135,8 @@ class Transport:
         self.connections: dict[int, str] = {}  # inbound connections the monitor has seen: fd -> host:port
         # host -> names whose "leave" came from there and whose connection has not closed yet: the close that
         # follows a goodbye is logged as the leave it is (libzmq tells the connection's fd, not its messages')
-        self.goodbyes: OrderedDict[str, list[str]] = OrderedDict()
+        # (and whether the close is a matter of course: a probe's connection, closed once answered, logged quietly)
+        self.goodbyes: OrderedDict[str, list[tuple[str, bool]]] = OrderedDict()
         self.address = ""
         self.dealers: OrderedDict[str, zmq.asyncio.Socket] = OrderedDict()  # least recently used first
         # When the dealer cap is reached, which connection to close: the member sets this to score addresses
@@ -149,8 +151,12 @@ class Transport:
         self.watches: dict[str, zmq.asyncio.Socket] = {}  # address -> the monitor of its connection's handshakes
         self.tasks: list[asyncio.Task[None]] = []
         self.handling: set[asyncio.Task[None]] = set()
+        self.closed = False
         self.bytes_sent = 0
         self.bytes_received = 0
+        # what went out, by message type: how many and how many bytes (benchmarks/membership.py reads them)
+        self.sent: Counter[str] = Counter()
+        self.sent_bytes: Counter[str] = Counter()
         self.dropped = 0
         self.refusals = LogLimiter(log)
         self.closings = LogLimiter(log)  # closed connections: their own budget, not the refusals'
@@ -184,6 +190,7 @@ class Transport:
 
     async def close(self, linger_ms: int = 0) -> None:
         """Stop every task and close every socket, giving queued sends up to linger_ms to leave."""
+        self.closed = True  # no socket is made from now on: one made while closing would hold ctx.term() for ever
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(DeliveryError("transport closed"))
@@ -222,6 +229,8 @@ class Transport:
         if sock is not None:
             self.dealers.move_to_end(address)
             return sock
+        if self.closed:
+            raise DeliveryError(f"{self.name}'s transport is closed")
         if self.keys and server_key is None:
             raise DeliveryError(f"no public key known for {address}; a keyed mesh needs one for every peer")
         if len(self.dealers) >= self.options.max_dealers:
@@ -321,8 +330,32 @@ class Transport:
             if not isinstance(exc, zmq.Again):
                 log.debug("%s: send to %s failed: %s", self.name, address, exc)
             return False
-        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        self._count(msg.type, sum(memoryview(f).nbytes for f in frames))
         return True
+
+    async def send(self, address: str, msg: Message, timeout: float, server_key: bytes | None = None) -> bool:
+        """Send a small message that needs no reply, waiting up to timeout for its connection to open (a
+        goodbye to a peer this member has not talked to yet); return False if it did not go."""
+        frames = encode(msg)
+        try:
+            sock = self._dealer(address, server_key)
+            async with asyncio.timeout(timeout):
+                await sock.send_multipart(frames, copy=False)
+        except (DeliveryError, TimeoutError, zmq.ZMQError) as exc:
+            log.debug("%s: %s to %s not sent: %s", self.name, msg.type, address, exc)
+            return False
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our caller cancelled us
+            return False  # pyzmq cancels a pending send when its socket is closed (forget)
+        self._count(msg.type, sum(memoryview(f).nbytes for f in frames))
+        return True
+
+    def _count(self, mtype: str, size: int) -> None:
+        self.bytes_sent += size
+        self.sent[mtype] += 1
+        self.sent_bytes[mtype] += size
 
     async def request(
         self, address: str, msg: Message, timeout: float, server_key: bytes | None = None
@@ -343,7 +376,7 @@ class Transport:
             sock = self._dealer(address, server_key)
             async with asyncio.timeout(timeout):
                 await sock.send_multipart(frames, copy=False)
-                self.bytes_sent += size
+                self._count(msg.type, size)
                 reply = await fut
         except TimeoutError:
             what = f"{msg.type} {msg.id[:8]} to {address} not acknowledged within {timeout:g}s"
@@ -435,11 +468,14 @@ class Transport:
             msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
         if msg.type == GOODBYE:
             self._goodbye(_origin(parts[0]), msg.sender)
+        elif msg.type == PROBE and msg.body.get("last"):
+            self._goodbye(_origin(parts[0]), msg.sender, quiet=True)
         self._spawn(self._handle(routing_id, msg))
 
-    def _goodbye(self, host: str, sender: str) -> None:
-        """Remember that sender at host said goodbye (a few per host, for a bounded number of hosts)."""
-        remember(self.goodbyes, host, [*self.goodbyes.get(host, []), sender][-8:], self.options.max_dealers)
+    def _goodbye(self, host: str, sender: str, quiet: bool = False) -> None:
+        """Remember that sender at host said goodbye, or that it closes its connection once answered (quiet: a
+        probe's); a few per host, for a bounded number of hosts."""
+        remember(self.goodbyes, host, [*self.goodbyes.get(host, []), (sender, quiet)][-8:], self.options.max_dealers)
 
     def _ack(self, ref: str, refusal: str | None = None, retry: bool = False) -> Message:
         """The acknowledgement of request ref: a yes, or a no that says why (and whether to try again)."""
@@ -467,7 +503,11 @@ class Transport:
                 who = peers.pop(fd, _UNSEEN)
                 said = self.goodbyes.get(who.rsplit(":", 1)[0])
                 if said:
-                    self.closings.info(who, "%s: connection from %s closed: %s left", self.name, who, said.pop(0))
+                    name, quiet = said.pop(0)
+                    if quiet:
+                        log.debug("%s: connection from %s closed: %s probed this member", self.name, who, name)
+                    else:
+                        self.closings.info(who, "%s: connection from %s closed: %s left", self.name, who, name)
                 else:
                     self.closings.info(who, "%s: connection from %s closed without a goodbye (the peer stopped, "
                                        "or sent a message over the %.3g MB cap)", self.name, who,
@@ -495,11 +535,15 @@ class Transport:
     async def reply(self, routing_id: bytes, reply: Message, timeout: float = 30.0) -> None:
         """Send a reply back to the dealer it answers; log (never hide) a reply that cannot go."""
         assert self.router is not None
-        frames = encode(reply)
+        try:
+            frames = encode(reply)
+        except (WireError, ValueError) as exc:  # this member's own answer breaks the wire's rules: a bug, said
+            log.error("%s: reply %s to a request cannot be sent: %s", self.name, reply.type, cut(str(exc)))
+            frames = encode(self._ack(reply.id, f"the answer ({reply.type}) broke the wire's rules: {cut(str(exc))}"))
         try:
             async with asyncio.timeout(timeout):
                 await self.router.send_multipart([routing_id, *frames], copy=False)
-            self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+            self._count(reply.type, sum(memoryview(f).nbytes for f in frames))
         except zmq.ZMQError as exc:
             log.warning("%s: reply %s to a request could not be sent: %s", self.name, reply.type, exc)
         except TimeoutError:

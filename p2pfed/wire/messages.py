@@ -22,6 +22,7 @@ MAX_STR = 4096
 MAX_LIST = 100_000
 MAX_NAME = 64  # a member's name and a mesh's name: letters, digits, '-', '_', '.'
 MAX_PEERS_LISTED = 1024  # peers in one gossip, welcome or status message
+MAX_NEWS = 16  # membership changes carried by one ping or pong (net/endpoint.py's probing membership)
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ROLES = ("node", "bootstrap", "coordinator")
 STATES = ("joining", "alive", "suspect", "dead", "left")
@@ -178,6 +179,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "welcome": {**IDENTITY, "peers": PEERS},
     "heartbeat": IDENTITY,
     "gossip": {**IDENTITY, "peers": PEERS},
+    # the probing membership (net/endpoint.py): a member asks one peer a period whether it is alive (ping, answered
+    # by pong), and both carry the few changes of membership their sender saw first-hand (news); last: the sender
+    # closes the connection once answered (it does not work with that peer), so the close is no news
+    "ping": {**IDENTITY, "news": Many(PEER, MAX_NEWS), "last": Opt(bool)},
+    "pong": {**IDENTITY, "news": Many(PEER, MAX_NEWS)},
     "leave": {},
     "status_req": {},
     "status": {**IDENTITY, "name": NAME_SPEC, "peers": PEERS, "learning": Opt(LEARNING)},
@@ -270,5 +276,6 @@ def check_value(value: Any, spec: Any, where: str) -> None:
 
 # Messages that never get a reply; every other message is answered (at least with an ack) so that its
 # sender learns it arrived or that it timed out.
-NO_REPLY = frozenset({"heartbeat", "gossip", "leave", "ack", "welcome", "status"})
+NO_REPLY = frozenset({"heartbeat", "gossip", "leave", "ack", "welcome", "status", "pong"})
 GOODBYE = "leave"  # what a member says as it leaves: the connection it came by closes next
+PROBE = "ping"  # with last set, the connection it came by closes next too, as a matter of course

@@ -220,6 +220,41 @@ async def test_a_connection_closed_after_a_goodbye_is_logged_as_the_leave_it_is(
     assert len(closes) == 1 and re.fullmatch(r"b: connection from 127\.0\.0\.1:\d+ closed: a left", closes[0])
 
 
+@pytest.mark.parametrize("last", [True, False])
+async def test_the_connection_a_probe_closes_once_answered_is_no_news_and_another_still_is(
+        transports: Make, caplog: pytest.LogCaptureFixture, last: bool) -> None:
+    # the probing membership closes a connection after every ping to a peer it does not work with: once a period
+    # per member, which the closing line would otherwise report as a peer that stopped or broke the cap
+    async def pong(msg: Message) -> Message | None:
+        return Message("pong", "b", body={**{k: v for k, v in msg.body.items() if k != "last"}, "news": []})
+
+    sender, receiver, _ = pair(transports, pong)
+    identity = {"address": "tcp://127.0.0.1:5", "role": "node", "incarnation": 1, "pubkey": "", "round": 0,
+                "heartbeat": 1.0}
+    ping = Message("ping", "a", body={**identity, "news": [], **({"last": True} if last else {})})
+    with caplog.at_level(logging.INFO, logger="p2pfed"):
+        assert (await sender.request(receiver.address, ping, timeout=5)).type == "pong"
+        await wait_until(lambda: receiver.connections, what="the monitor to see the connection")
+        sender.forget(receiver.address)
+        await wait_until(lambda: not receiver.connections, what="the connection to close")
+    closes = [r.getMessage() for r in caplog.records if "closed" in r.getMessage()]
+    assert closes == [] if last else re.fullmatch(r"b: connection from .* closed without a goodbye .*", closes[0])
+    assert sender.sent == {"ping": 1} and receiver.sent == {"pong": 1}  # what each sent, by type
+
+
+async def test_an_answer_that_breaks_the_wire_rules_is_a_refusal_that_says_so_not_a_silent_timeout(
+        transports: Make, caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(msg: Message) -> Message | None:
+        return Message("pong", "b", body={"no": "such fields"})  # a bug in a handler
+
+    sender, receiver, _ = pair(transports, broken)
+    t0 = time.monotonic()
+    with pytest.raises(Refusal, match=r"the answer \(pong\) broke the wire's rules"):
+        await sender.request(receiver.address, model(), timeout=10)
+    assert time.monotonic() - t0 < 5
+    assert any("reply pong to a request cannot be sent" in r.getMessage() for r in caplog.records)
+
+
 async def test_reply_size_is_capped_at_the_sending_socket(transports: Make) -> None:
     async def huge(msg: Message) -> Message | None:
         return model("b", w=torch.zeros(100_000))
