@@ -36,6 +36,9 @@ class MeshConfig:
     max_message_mb: int = 1024  # the largest message a member accepts (MB); a larger one closes its connection
     join_give_up: float = 300.0  # seconds without an answer to its hellos before a member stops trying
     insecure: bool = False  # plain TCP, names trusted on their word (every member must agree): trusted networks only
+    # "probe": heartbeat the peers worked with and probe one other a period (messages flat in the mesh's size);
+    # "all": heartbeat every peer and gossip the whole table each period (what members did before "probe")
+    membership: str = "probe"
 
     def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:
         """The options of an endpoint of this mesh: its membership timing and its transport's message cap."""
@@ -44,7 +47,7 @@ class MeshConfig:
 
         return (MeshOptions(mesh=self.mesh, heartbeat=self.heartbeat, suspect_after=self.suspect_after,
                             dead_after=self.dead_after, request_timeout=self.request_timeout,
-                            join_give_up=self.join_give_up, insecure=self.insecure),
+                            join_give_up=self.join_give_up, insecure=self.insecure, membership=self.membership),
                 TransportOptions(max_message_bytes=self.max_message_mb << 20))
 
     def validate(self, where: str) -> None:
@@ -59,6 +62,11 @@ class MeshConfig:
         _positive(where, "join_give_up", self.join_give_up)
         if not 1 <= self.suspect_after < self.dead_after:
             raise ConfigError(f"{where}suspect_after must be >= 1 and < dead_after (heartbeat periods)")
+        from p2pfed.net.endpoint import MEMBERSHIPS
+
+        if self.membership not in MEMBERSHIPS:
+            raise ConfigError(f"{where}membership must be one of {', '.join(repr(m) for m in MEMBERSHIPS)} "
+                              f"(got {self.membership!r})")
         if not is_name(self.mesh):
             raise ConfigError(f"{where}mesh must be a name of up to 64 letters, digits, '-', '_' or '.' "
                               f"(got {self.mesh!r})")

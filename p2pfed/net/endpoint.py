@@ -1,10 +1,20 @@
 """A member of a mesh: its transport, its peer table, and the tasks that keep the table true.
 
 Joining: a hello to any known address (the bootstrap or any live member) returns a welcome with the
-responder's peer list. From then on every member heartbeats the peers it knows and gossips its table to
-a few random live peers each period, so a new member reaches everyone within a few periods, and a silent
-one is suspected after ``suspect_after`` and dead after ``dead_after`` heartbeat periods. All of this runs
-on the event loop; the learning code runs in worker threads and never delays a heartbeat.
+responder's peer list, and the newcomer introduces itself to each of those peers. From then on, under the
+probing membership (the default, ``membership = "probe"``), a member sends each heartbeat period:
+- a heartbeat to its partners (the peers it exchanged models or requests with in the last ``partner_window``
+  periods) and to the bootstrap; a partner silent for ``suspect_after`` periods is suspect, ``dead_after`` dead;
+- a ping to one other peer, in a shuffled round-robin order, and to every suspect; an unanswered ping makes a
+  peer suspect, and the silence that follows dead. The ping and its pong carry the changes of membership their
+  sender saw itself (SWIM's piggybacking): a new member is introduced to, and word that a member is failing
+  makes the hearer ping that member itself;
+- every ``sync_every`` periods, its table to one random peer (what the news missed: members that joined
+  through different members at once).
+So the messages a member sends are flat in the mesh's size, where ``membership = "all"`` heartbeats every peer
+and gossips the whole table to ``gossip_fanout`` peers each period (linear in it; benchmarks/membership.py
+measures both). All of this runs on the event loop; the learning code runs in worker threads and never
+delays a heartbeat or a pong.
 
 Every member has a CURVE key pair unless it runs ``insecure`` (a warning says what that gives away): all
 traffic is encrypted, every message carries its sender's key, and a name is bound to the key that first
@@ -47,7 +57,7 @@ from p2pfed.net.transport import (
 )
 from p2pfed.net.waits import first_of
 from p2pfed.wire import NO_REPLY, SCHEMAS, Message, TryLater, WireError
-from p2pfed.wire.messages import LEARNING, MAX_PEERS_LISTED, SchemaError, check_address, check_value
+from p2pfed.wire.messages import LEARNING, MAX_NEWS, MAX_PEERS_LISTED, SchemaError, check_address, check_value
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +78,11 @@ class MeshOptions:
     join_refusals: int = 3  # refusals with the same reason before the join ends with it
     max_peers: int = 1024  # members known at once; more are refused (one log line per sender and window)
     insecure: bool = False  # plain TCP, names trusted on their word: only on a network where every host is trusted
+    # "probe": heartbeat only the peers worked with, probe one other peer a period (messages per member flat in
+    # the mesh's size); "all": heartbeat every peer and gossip the whole table each period (N per member)
+    membership: str = "probe"
+    partner_window: float = 30.0  # heartbeat periods a peer stays a partner after the last model or request
+    sync_every: float = 10.0  # heartbeat periods between whole-table gossips to one random peer ("probe")
 
 
 # Running out of open files is the whole process's trouble: one line a minute for all its members, not a
@@ -76,7 +91,11 @@ OUT_OF_FILES_EVERY = 60.0
 _out_of_files_told = [-math.inf]  # when this process last said so (time.monotonic)
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
-MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req"})  # what the endpoint answers itself
+MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req", "ping"})  # what the endpoint answers
+MEMBERSHIPS = ("probe", "all")
+VERIFY_PER_PERIOD = 4  # peers a member probes a period because another member said they were suspect or dead
+VERIFY_QUEUED = 64  # such peers waiting to be probed, at most (the rest of a flood of such news is ignored)
+NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and pongs, newest kept
 OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
@@ -172,6 +191,18 @@ class Endpoint:
         self.stopped = False
         self._last_probe: dict[str, float] = {}
         self.complaints = LogLimiter(log)
+        if self.options.membership not in MEMBERSHIPS:
+            raise ValueError(f"{name}: membership must be one of {', '.join(MEMBERSHIPS)} "
+                             f"(got {self.options.membership!r})")
+        # the probing membership: whom to probe next (each live peer once per pass, in a shuffled order), the
+        # probes waiting for their answer, the peers others said were suspect or dead (to probe ourselves), the
+        # first-hand changes still to tell (name -> entry, how many more messages carry it), the last table sync
+        self._probe_order: list[str] = []
+        self._probing: set[str] = set()
+        self._probes: set[asyncio.Task[None]] = set()
+        self._verify: OrderedDict[str, None] = OrderedDict()
+        self._news: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+        self._last_sync = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, bind: str, join: list[str] | None = None, advertise: str | None = None) -> None:
@@ -238,15 +269,16 @@ class Endpoint:
         if self.stopped:
             return
         self.stopped = True
-        sent = 0
-        if leave and self.transport.router is not None:
-            for peer in self.peers.by_state(ALIVE, SUSPECT, JOINING):
-                sent += self._send(peer, "leave", {})
-        for task in self.tasks:
+        tasks = [*self.tasks, *self._probes]  # first, so that no period closes a goodbye's connection meanwhile
+        for task in tasks:
             task.cancel()
-        for task in self.tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        sent = 0
+        if leave and self.transport.router is not None:
+            sent = sum(await asyncio.gather(*(self._goodbye(peer) for peer in
+                                               self.peers.by_state(ALIVE, SUSPECT, JOINING))))
         # Give the goodbyes up to half a second to reach the wire before the sockets close.
         await self.transport.close(linger_ms=500 if sent else 0)
 
@@ -310,14 +342,26 @@ class Endpoint:
         except Exception as exc:  # anything else about this one peer: drop it, never the caller's loop
             problem = exc
         if out_of_files(problem):  # this process's trouble, not the peer's: keep it, and say so once a minute
-            if time.monotonic() - _out_of_files_told[0] >= OUT_OF_FILES_EVERY:
-                _out_of_files_told[0] = time.monotonic()
-                log.warning("%s: cannot reach peers: too many open files (ulimit -n; said once a minute)", self.name)
+            self._say_out_of_files()
             return False
         self.complaints.warning(peer.name, "%s: dropping peer %s: %s", self.name, peer.name, problem)
         self.peers.peers.pop(peer.name, None)
         self.transport.forget(peer.address)
         return False
+
+    def _say_out_of_files(self) -> None:
+        if time.monotonic() - _out_of_files_told[0] >= OUT_OF_FILES_EVERY:
+            _out_of_files_told[0] = time.monotonic()
+            log.warning("%s: cannot reach peers: too many open files (ulimit -n; said once a minute)", self.name)
+
+    async def _goodbye(self, peer: Peer) -> bool:
+        """Tell peer this member leaves, over a connection opened for it if there is none (a member of the probing
+        membership talks to most peers rarely): half a second at most."""
+        try:
+            key = self._server_key(peer)
+        except DeliveryError:
+            return False
+        return await self.transport.send(peer.address, self.message("leave", {}), 0.5, key)
 
     async def request(self, peer_name: str, msg: Message, timeout: float | None = None) -> Message:
         """Send msg to a peer by name and wait for its reply (ack); raise DeliveryError if it does not come,
@@ -335,7 +379,11 @@ class Endpoint:
                 if not request.done() and (now is None or now.state in (DEAD, LEFT) or now.incarnation != incarnation):
                     state = "gone" if now is None else now.state if now.incarnation == incarnation else "restarted"
                     raise DeliveryError(f"{msg.type} to {peer_name} not delivered: {peer_name} is {state}")
-            return request.result()
+            reply = request.result()
+            change = self.peers.touched(peer_name)  # its answer is contact, and makes it a partner
+            if change:
+                self._changed(change)
+            return reply
         finally:
             request.cancel()
 
@@ -431,26 +479,180 @@ class Endpoint:
             # socket, so do not count the stall as their silence.
             for peer in self.peers.peers.values():
                 peer.last_seen = min(now, peer.last_seen + lag)
-        for change in self.peers.sweep():
+        probing = self.options.membership == "probe"
+        if probing:
+            # A partner heartbeats us until its own window ends; we stop timing its silence a margin earlier
+            # (the two windows start a message's flight apart), so a partnership that ends ends quietly.
+            window = self.options.partner_window * period
+            partners = self.peers.partners(window)
+            watched = self.peers.partners(window - 2 * self.options.suspect_after * period)
+        for change in self.peers.sweep(watched if probing else None):
             self._changed(change)
         for peer in self.peers.by_state(ALIVE, SUSPECT, JOINING):
-            self._send(peer, "heartbeat", self.identity())
+            # A bootstrap hears every member's heartbeat under either form: it is where a mesh is watched from
+            # (a scripted run reads the members' rounds there, `mesh status` asks it), at one message per member
+            # and period, so the mesh's total stays linear in its size.
+            if not probing or peer.name in partners or peer.role == "bootstrap":
+                self._send(peer, "heartbeat", self.identity())
         for peer in self.peers.by_state(DEAD):
             # A dead peer may only have been cut off: probe it now and then so a healed partition heals.
             if now - self._last_probe.get(peer.name, 0.0) > self.options.probe_dead_every * period:
                 self._last_probe[peer.name] = now
-                self._send(peer, "heartbeat", self.identity())
+                if probing:
+                    self._start_probe(peer, dead=True)
+                else:
+                    self._send(peer, "heartbeat", self.identity())
         for name in set(self._last_probe) - set(self.peers.peers):
             del self._last_probe[name]
         live = self.peers.live()
-        if live:
+        if probing:
+            self._probe_some(partners)
+        if live and (not probing or now - self._last_sync >= self.options.sync_every * period):
+            # "all": the whole table to a few peers every period; "probe": to one peer now and then, which heals
+            # what the news on pings missed (members that joined through different members at once)
+            self._last_sync = now
             gossip = {**self.identity(), "peers": [p for p in self.peers.snapshot()
                                                    if p["state"] in (ALIVE, SUSPECT)][:MAX_PEERS_LISTED]}
-            for peer in random.sample(live, min(self.options.gossip_fanout, len(live))):
+            fanout = 1 if probing else self.options.gossip_fanout
+            for peer in random.sample(live, min(fanout, len(live))):
                 self._send(peer, "gossip", gossip)
-        for address in set(self.transport.dealers) - {p.address for p in self.peers.peers.values()}:
+        kept = {p.address for p in self.peers.peers.values()}
+        if probing:  # connections only to the peers it works with, the bootstrap, and those being probed
+            kept = {p.address for p in self.peers.peers.values()
+                    if p.name in partners or p.role == "bootstrap" or p.name in self._probing}
+        for address in set(self.transport.dealers) - kept:
             if not self.transport.in_flight.get(address):  # e.g. a join request still waiting
-                self.transport.forget(address)  # connections of forgotten peers
+                self.transport.forget(address)  # connections of forgotten peers (and, probing, of idle ones)
+
+    # -- the probing membership ------------------------------------------------------------------
+    # SWIM's failure detector (Das, Gupta and Motivala, DSN 2002) without its trust in third parties: a member
+    # probes one peer a period, in a shuffled round-robin order, and every suspect each period; the changes it
+    # saw itself ride on its pings and pongs a few times each (SWIM's piggybacking). Where SWIM believes news of
+    # a suspect or dead member (and lets the member refute it by raising its incarnation), a member here only
+    # probes that member itself: in an open mesh nobody can prove news about a third member, so such news may
+    # cost a probe, never a member's entry. An incarnation here is a process start, not a refutation counter.
+
+    def _probe_some(self, partners: set[str]) -> None:
+        """Start this period's probes: every suspect and every peer not heard from yet (an introduction, until it
+        answers), up to VERIFY_PER_PERIOD peers others said were failing, and the next peer of the round-robin that
+        is neither a partner (heard from anyway) nor being probed."""
+        targets = [p.name for p in self.peers.by_state(SUSPECT, JOINING)]
+        for _ in range(min(VERIFY_PER_PERIOD, len(self._verify))):
+            targets.append(self._verify.popitem(last=False)[0])
+        refilled = False
+        while True:
+            if not self._probe_order:
+                if refilled:
+                    break  # a whole pass found nobody to probe
+                refilled = True
+                self._probe_order = [p.name for p in self.peers.live() if p.name not in partners]
+                random.shuffle(self._probe_order)
+                continue
+            name = self._probe_order.pop()
+            peer = self.peers.peers.get(name)
+            if peer is not None and peer.state == ALIVE and name not in partners:
+                targets.append(name)
+                break
+        for name in dict.fromkeys(targets):
+            peer = self.peers.peers.get(name)
+            if peer is not None:
+                self._start_probe(peer)
+
+    def _start_probe(self, peer: Peer, dead: bool = False) -> None:
+        """Ping peer in the background, unless it is gone, dead (but for the now-and-then probe of a dead peer)
+        or being pinged already."""
+        if (peer.state not in (ALIVE, SUSPECT, JOINING, *((DEAD,) if dead else ())) or peer.name in self._probing
+                or self.stopped):
+            return
+        self._probing.add(peer.name)
+        task = asyncio.get_running_loop().create_task(self._probe(peer), name=f"{self.name}-probe")
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+        task.add_done_callback(self._report_crash)
+
+    async def _probe(self, peer: Peer) -> None:
+        """Ping peer and take its pong as direct contact; an unanswered ping makes an alive peer suspect. The
+        connection to a peer this member does not work with is closed once answered (connections stay as few as
+        the peers it works with, whatever the mesh's size), and the ping says so (its close is no news there)."""
+        name, incarnation, address = peer.name, peer.incarnation, peer.address
+        window = self.options.partner_window * self.options.heartbeat
+        last = peer.role != "bootstrap" and name not in self.peers.partners(window)
+        try:
+            try:
+                body = {**self.identity(), "news": self._news_out(), **({"last": True} if last else {})}
+                reply = await self.transport.request(
+                    peer.address, self.message("ping", body),
+                    min(self.options.request_timeout, self.options.suspect_after * self.options.heartbeat),
+                    self._server_key(peer))
+            except Refusal as exc:  # it answered: alive, though it will not take us (another mesh, recipe, ...)
+                log.debug("%s: %s refused a ping: %s", self.name, name, exc.reason)
+                return
+            except DeliveryError as exc:
+                if out_of_files(exc):  # this process's trouble, not the peer's
+                    self._say_out_of_files()
+                    return
+                change = self.peers.suspect(name, incarnation)
+                if change:
+                    log.debug("%s: ping to %s unanswered: %s", self.name, name, exc)
+                    self._changed(change)
+                return
+            forged = self.keys is not None and reply.body["pubkey"] != reply.key
+            if reply.type != "pong" or reply.sender != name or forged:
+                self.complaints.warning(f"pong:{name}", "%s: %s answered a ping with %s as %s", self.name, name,
+                                        reply.type, reply.sender)
+                return
+            try:
+                self._heard(reply)
+            except WireError as exc:
+                self.complaints.warning(f"pong:{name}", "%s: pong from %s not taken: %s", self.name, name, exc)
+                return
+            self._take_news(reply.body["news"])
+        finally:
+            self._probing.discard(name)
+            if (last and name not in self.peers.partners(window) and not self.transport.in_flight.get(address)
+                    and not self.stopped):
+                self.transport.forget(address)
+
+    def _tell(self, name: str, state: str) -> None:
+        """Queue a first-hand change of peer name for the next pings and pongs: each carries it a few times,
+        about 3 log2(N) in all (SWIM's lambda log N: enough for everyone to hear of it with high probability)."""
+        peer = self.peers.peers.get(name)
+        if peer is None:
+            return
+        entry = {**peer.as_wire(self.peers.clock()), "state": state}
+        times = math.ceil(3 * math.log2(len(self.peers.peers) + 2))
+        self._news.pop(name, None)
+        remember(self._news, name, (entry, times), NEWS_KEPT)
+
+    def _news_out(self) -> list[dict[str, Any]]:
+        """The changes this ping or pong carries (the newest first), each counted as told once more."""
+        out = []
+        for name in reversed(list(self._news)[-MAX_NEWS:]):
+            entry, times = self._news[name]
+            out.append(entry)
+            if times <= 1:
+                del self._news[name]
+            else:
+                self._news[name] = (entry, times - 1)
+        return out
+
+    def _take_news(self, news: list[dict[str, Any]]) -> None:
+        """Changes another member saw: a member we do not know (or a newer process of one) is introduced to as
+        gossip's are; word that a member we hear as alive is failing only puts it on our own probe list."""
+        arrivals = []
+        for info in news:
+            name = info["name"]
+            if name == self.name:
+                continue  # word that we are failing: the pong we answer with, or our next ping, says otherwise
+            if info["state"] in (ALIVE, JOINING):
+                arrivals.append(info)
+            elif info["state"] in (SUSPECT, DEAD):
+                peer = self.peers.peers.get(name)
+                if (peer is not None and peer.state == ALIVE and peer.incarnation == info["incarnation"]
+                        and name not in self._verify and len(self._verify) < VERIFY_QUEUED):
+                    self._verify[name] = None
+        if arrivals:
+            self.learn(arrivals)
 
     # -- receiving -------------------------------------------------------------------------------
     def _heard(self, msg: Message) -> None:
@@ -473,7 +675,7 @@ class Endpoint:
             raise (TryLater if exc.transient else WireError)(str(exc)) from None
         if old_address and old_address != body["address"]:
             self.transport.forget(old_address)
-        if change and change.old in (None, JOINING, DEAD, LEFT) and msg.type != "hello":
+        if change and change.old in (None, JOINING, DEAD, LEFT) and msg.type not in ("hello", "ping", "pong"):
             self._send(self.peers.peers[msg.sender], "heartbeat", self.identity())  # answer a newcomer now
         if change:
             self._changed(change)
@@ -493,12 +695,19 @@ class Endpoint:
                 continue  # an insecure member: this member cannot dial it
             if self.peers.learned_of(info):
                 log.debug("%s: learned of %s at %s", self.name, info["name"], info["address"])
-                self._send(self.peers.peers[info["name"]], "heartbeat", self.identity())  # introduce now
+                peer = self.peers.peers[info["name"]]
+                if self.options.membership == "probe":
+                    self._start_probe(peer)  # introduce now; its pong is our first contact, a ping retried till then
+                else:
+                    self._send(peer, "heartbeat", self.identity())  # introduce now
 
     def _changed(self, change: Change) -> None:
         verb = {ALIVE: "is alive", SUSPECT: "is silent (suspect)", DEAD: "is dead", LEFT: "left",
                 "rejoined": "restarted and rejoined"}.get(change.new, change.new)
         log.info("%s: peer %s %s", self.name, change.name, verb)
+        if self.options.membership == "probe" and change.new in (ALIVE, SUSPECT, DEAD, "rejoined") and (
+                change.new != ALIVE or change.old in (None, JOINING, DEAD, LEFT)):
+            self._tell(change.name, ALIVE if change.new == "rejoined" else change.new)
         for callback in self._on_change:
             callback(change)
         self.changed.set()
@@ -510,7 +719,7 @@ class Endpoint:
         (membership messages bind a new name, net/membership.py), so nobody speaks for another member."""
         if self.keys is None or msg.type == "status_req":
             return
-        if msg.type in ("hello", "heartbeat", "gossip") and msg.body["pubkey"] != msg.key:
+        if msg.type in ("hello", "heartbeat", "gossip", "ping") and msg.body["pubkey"] != msg.key:
             raise WireError(f"{msg.sender} advertises a public key other than the one it connected with")
         if self.keys.closed:
             expected = self.keys.key_of(msg.sender)
@@ -520,7 +729,7 @@ class Endpoint:
                 raise WireError(f"{msg.sender} sent {msg.type} with a key that is not {msg.sender}'s "
                                 f"(allowed/{msg.sender}.key)")
             return
-        if msg.type in ("hello", "heartbeat", "gossip"):
+        if msg.type in ("hello", "heartbeat", "gossip", "ping"):
             return  # the peer table binds or refuses the name (heard_from)
         bound = self.peers.key_of(msg.sender)
         if not bound or msg.key != bound:
@@ -536,10 +745,13 @@ class Endpoint:
             raise WireError(f"message for mesh {msg.mesh!r}, this is mesh {self.options.mesh!r}")
         self._check_key(msg)
         mtype = msg.type
-        if mtype in ("hello", "heartbeat", "gossip"):
+        if mtype in ("hello", "heartbeat", "gossip", "ping"):
             self._heard(msg)
             if mtype == "gossip":
                 self.learn(msg.body["peers"])
+            if mtype == "ping":
+                self._take_news(msg.body["news"])
+                return self.message("pong", {**self.identity(), "news": self._news_out()})
             if mtype == "hello":
                 return self.message("welcome", {**self.identity(), "peers": self.peers.snapshot()})
             return None

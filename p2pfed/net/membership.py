@@ -12,6 +12,12 @@ a key for a name nobody has spoken for yet, and never changes a binding. So with
 the name's own key can change its entry: a restart (a newer incarnation) is taken at once, and nothing
 another sender claims (an incarnation, a round, an address) is believed for that name.
 
+Under the probing membership (the default, net/endpoint.py) a member hears directly, every period, only from
+the peers it works with (its partners: models or requests exchanged lately), so only their silence is timed
+(``sweep(watched=...)``); any other peer is suspect only when a probe of it goes unanswered (``suspect``), and
+dead when it then stays silent. A third party's word that a peer is suspect or dead changes nothing here: it
+only makes the member probe that peer itself.
+
 Without keys (an --insecure mesh) a name is trusted on its word, and a live member's entry
 cannot be taken: a new incarnation is taken once the old process has missed a heartbeat period (a
 restart elsewhere, once it is suspect), the same incarnation never moves to another address, and an
@@ -59,6 +65,7 @@ class Peer:
     round: int = 0
     dead_since: float | None = None
     period: float = 0.0  # the peer's own heartbeat period, 0 if not yet heard from it
+    last_work: float = float("-inf")  # the last contact other than membership (a model, a request, a reply)
 
     def as_wire(self, now: float) -> dict[str, Any]:
         """The peer as the PEER schema of the wire carries it."""
@@ -188,7 +195,7 @@ class PeerTable:
         peer = self.peers.get(name)
         if peer is None or peer.state in (DEAD, LEFT):
             return None
-        peer.last_seen = self.clock()
+        peer.last_seen = peer.last_work = self.clock()
         if peer.state == ALIVE:
             return None
         old, peer.state = peer.state, ALIVE
@@ -234,15 +241,37 @@ class PeerTable:
         old, peer.state, peer.dead_since = peer.state, DEAD, self.clock()
         return Change(name, old, DEAD)
 
-    def sweep(self) -> list[Change]:
-        """Apply the timing rules: silent peers become suspect, then dead; long-dead peers are forgotten."""
+    def _ratio(self, peer: Peer) -> float:
+        # A peer that heartbeats more slowly than we do is judged by its own period: otherwise a node
+        # configured for fast failure detection would flap on every member left at the default.
+        return min(MAX_PERIOD_RATIO, max(1.0, peer.period / self.period))
+
+    def suspect(self, name: str, incarnation: int) -> Change | None:
+        """A probe of an alive peer went unanswered: it is suspect now, and dead once it has stayed silent for
+        the rest of dead_after (as long as a peer whose silence is timed takes from suspect to dead). Nothing
+        for a peer that has since restarted, or is not alive."""
+        peer = self.peers.get(name)
+        if peer is None or peer.state != ALIVE or peer.incarnation != incarnation:
+            return None
+        peer.state = SUSPECT
+        peer.last_seen = max(peer.last_seen, self.clock() - self.suspect_after * self._ratio(peer))
+        return Change(name, ALIVE, SUSPECT)
+
+    def partners(self, within: float) -> set[str]:
+        """The live peers with contact other than membership in the last within seconds."""
+        since = self.clock() - within
+        return {p.name for p in self.peers.values() if p.state in LIVE_STATES and p.last_work >= since}
+
+    def sweep(self, watched: set[str] | None = None) -> list[Change]:
+        """Apply the timing rules: silent peers become suspect, then dead; long-dead peers are forgotten. With
+        watched, only those alive peers' silence makes them suspect (the others are heard from only when probed);
+        a suspect or joining peer's silence makes it dead either way."""
         now = self.clock()
         changes = []
         for name, peer in list(self.peers.items()):
-            # A peer that heartbeats more slowly than we do is judged by its own period: otherwise a node
-            # configured for fast failure detection would flap on every member left at the default.
-            silent = (now - peer.last_seen) / min(MAX_PERIOD_RATIO, max(1.0, peer.period / self.period))
-            if peer.state == ALIVE and silent > self.suspect_after:
+            silent = (now - peer.last_seen) / self._ratio(peer)
+            timed = watched is None or name in watched
+            if peer.state == ALIVE and timed and silent > self.suspect_after:
                 peer.state = SUSPECT
                 changes.append(Change(name, ALIVE, SUSPECT))
             if peer.state in (SUSPECT, JOINING) and silent > self.dead_after:

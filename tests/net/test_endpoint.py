@@ -391,3 +391,75 @@ async def test_a_process_out_of_open_files_keeps_its_peers_and_says_so_once_a_mi
     monkeypatch.setattr(e.transport, "send_nowait", lambda *_: (_ for _ in ()).throw(BadAddress("no such host")))
     e._send(e.peers.peers["b"], "heartbeat", {})
     assert set(e.peers.peers) == {"a"}
+
+
+# -- the probing membership (the default): messages per member flat in the mesh's size --------------------------
+def membership_sent(e: Endpoint) -> int:
+    return sum(e.transport.sent[t] for t in ("heartbeat", "gossip", "ping", "pong"))
+
+
+@pytest.mark.parametrize("membership", ["probe", "all"])
+async def test_a_member_heartbeats_only_its_partners_and_probes_one_peer_a_period(members: Make,
+                                                                                   membership: str) -> None:
+    options = dataclasses.replace(FAST, membership=membership)
+    boot, nodes = await start_mesh(members, 11, options)
+    everyone = [boot, *nodes]
+    await wait_until(lambda: all(sum(s == ALIVE for s in states(e).values()) == 11 for e in everyone),
+                     what="mesh formed")
+    before = [membership_sent(e) for e in everyone]
+    t0 = time.monotonic()
+    await asyncio.sleep(20 * options.heartbeat)
+    periods = (time.monotonic() - t0) / options.heartbeat + 1  # at most this many periods ran
+    per_period = max(membership_sent(e) - b for e, b in zip(everyone, before, strict=True)) / periods
+    if membership == "probe":
+        # a ping a period and the pongs it answers (one on average), a table sync every ten periods: far below
+        # one heartbeat to each of its 11 peers
+        assert per_period < 4, per_period
+        # and it keeps connections only to the bootstrap and the peer it is probing (none works with another yet)
+        assert max(len(e.transport.dealers) for e in nodes) <= 3
+    else:
+        assert per_period > 11 * 0.5, per_period  # the test can tell the two apart: "all" heartbeats everyone
+    # working together makes two members partners: they heartbeat each other, and time each other's silence
+    nodes[2].serve({"control": ack})
+    heartbeats = nodes[1].transport.sent["heartbeat"]
+    await nodes[1].request("n2", ping(nodes[1]), 5)
+    assert nodes[1].peers.partners(60) == {"n2"} and nodes[2].peers.partners(60) == {"n1"}
+    await asyncio.sleep(5 * options.heartbeat)
+    assert nodes[1].transport.sent["heartbeat"] - heartbeats >= 3
+
+
+async def test_word_that_a_live_member_is_dead_only_makes_the_others_probe_it(members: Make) -> None:
+    # an open mesh cannot prove what one member says of another: a lie about n2 may cost a ping, never n2's entry
+    _, (n0, n1, n2) = await start_mesh(members, 3)
+    await wait_until(lambda: all(set(states(e).values()) == {ALIVE} and len(states(e)) == 3 for e in [n0, n1, n2]),
+                     what="mesh formed")
+    lie = {**n0.peers.peers["n2"].as_wire(0.0), "state": DEAD}
+    probed: list[str] = []
+    start_probe = n0._start_probe
+    n0._start_probe = lambda peer: (probed.append(peer.name), start_probe(peer))[1]  # type: ignore[method-assign]
+    reply = await n1.transport.request(n0.address, n1.message("ping", {**n1.identity(), "news": [lie]}), 5,
+                                       n0.keys.public if n0.keys else None)
+    assert reply.type == "pong"
+    assert "n2" in n0._verify or "n2" in probed  # to be probed by n0 itself
+    await wait_until(lambda: "n2" in probed, what="n2 probed")
+    for _ in range(10):  # ten periods: n0 heard from n2 itself, and n2 stays alive
+        assert states(n0)["n2"] == ALIVE
+        await asyncio.sleep(FAST.heartbeat)
+    # word of a member nobody can reach introduces it (a ping a period while it does not answer), never makes it
+    # alive: it is dead after dead_after periods of silence
+    ghost = {**lie, "name": "ghost", "address": f"tcp://127.0.0.1:{free_port()}", "state": ALIVE}
+    await n1.transport.request(n0.address, n1.message("ping", {**n1.identity(), "news": [ghost]}), 5,
+                               n0.keys.public if n0.keys else None)
+    assert states(n0)["ghost"] == "joining"
+    await wait_until(lambda: states(n0)["ghost"] == DEAD, what="ghost dead")
+
+
+async def test_a_crash_is_noticed_by_members_that_never_worked_with_it_and_told_on_pings(members: Make) -> None:
+    boot, nodes = await start_mesh(members, 8)
+    await wait_until(lambda: all(sum(s == ALIVE for s in states(e).values()) == 8 for e in [boot, *nodes]),
+                     what="mesh formed")
+    await nodes[0].stop(leave=False)
+    survivors = [boot, *nodes[1:]]
+    await wait_until(lambda: all(states(e)["n0"] == DEAD for e in survivors), timeout=10, what="n0 dead everywhere")
+    assert all(e.peers.partners(60) == set() for e in survivors)  # none worked with n0: probes found it
+    assert all(states(e)[m.name] == ALIVE for e in survivors for m in survivors if m is not e)

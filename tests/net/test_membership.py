@@ -332,3 +332,47 @@ def test_a_peer_with_a_period_twice_ours_is_suspected_after_twice_the_time() -> 
     assert t.sweep() == []
     t.clock.t += 0.01  # type: ignore[attr-defined]
     assert t.sweep() == [Change("a", ALIVE, SUSPECT)]
+
+
+def test_under_probing_only_a_watched_peers_silence_makes_it_suspect() -> None:
+    t, clock = table()
+    hear(t, "partner")
+    hear(t, "other")
+    clock.t += 3.5
+    assert t.sweep(watched={"partner"}) == [Change("partner", ALIVE, SUSPECT)]
+    clock.t += 100  # far past dead_after: the unwatched peer is still alive, the watched one dead
+    assert t.sweep(watched={"partner"}) == [Change("partner", SUSPECT, DEAD)]
+    assert t.peers["other"].state == ALIVE
+    assert t.sweep() == [Change("other", ALIVE, SUSPECT), Change("other", SUSPECT, DEAD)]  # None: every peer watched
+
+
+def test_an_unanswered_probe_makes_a_peer_suspect_and_its_silence_then_makes_it_dead() -> None:
+    t, clock = table()
+    hear(t, "a", inc=5)
+    clock.t += 50  # long unprobed, and alive: nobody timed it
+    assert t.suspect("a", incarnation=4) is None  # a probe of an earlier process says nothing of this one
+    assert t.suspect("a", incarnation=5) == Change("a", ALIVE, SUSPECT)
+    assert t.suspect("a", incarnation=5) is None  # suspect already
+    assert t.sweep(watched=set()) == []  # not dead at once: its silence counts from its suspicion
+    clock.t += 2.9  # dead_after - suspect_after = 3 more
+    assert t.sweep(watched=set()) == []
+    clock.t += 0.2
+    assert t.sweep(watched=set()) == [Change("a", SUSPECT, DEAD)]
+    assert t.suspect("a", incarnation=5) is None  # dead stays dead until it is heard from
+    hear(t, "a", inc=5)
+    assert t.peers["a"].state == ALIVE
+
+
+def test_partners_are_the_live_peers_worked_with_lately() -> None:
+    t, clock = table()
+    for name in ("a", "b", "c"):
+        hear(t, name)
+    assert t.partners(10) == set()  # a heartbeat is no work
+    t.touched("a")
+    clock.t += 5
+    t.touched("b")
+    assert t.partners(10) == {"a", "b"}
+    clock.t += 6
+    assert t.partners(10) == {"b"}
+    t.mark_dead("b")
+    assert t.partners(10) == set()
