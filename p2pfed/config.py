@@ -37,7 +37,8 @@ class MeshConfig:
     join_give_up: float = 300.0  # seconds without an answer to its hellos before a member stops trying
     insecure: bool = False  # plain TCP, names trusted on their word (every member must agree): trusted networks only
     # "probe": heartbeat the peers worked with and probe one other a period (messages flat in the mesh's size);
-    # "all": heartbeat every peer and gossip the whole table each period (what members did before "probe")
+    # "all": heartbeat every peer and gossip the whole table each period (what members did before "probe"). Every
+    # member of a mesh must use the same: a member of the other form is refused, naming both
     membership: str = "probe"
 
     def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:

@@ -3,15 +3,20 @@
 Joining: a hello to any known address (the bootstrap or any live member) returns a welcome with the
 responder's peer list, and the newcomer introduces itself to each of those peers. From then on, under the
 probing membership (the default, ``membership = "probe"``), a member sends each heartbeat period:
-- a heartbeat to its partners (the peers it exchanged models or requests with in the last ``partner_window``
-  periods) and to the bootstrap; a partner silent for ``suspect_after`` periods is suspect, ``dead_after`` dead;
-- a ping to one other peer, in a shuffled round-robin order, and to every suspect; an unanswered ping makes a
-  peer suspect, and the silence that follows dead. The ping and its pong carry the changes of membership their
-  sender saw itself (SWIM's piggybacking): a new member is introduced to, and word that a member is failing
-  makes the hearer ping that member itself;
+- a heartbeat to its partners (the peers it sent a request to or answered one of, or heard a model or request
+  from, in the last ``partner_window`` periods) and to the bootstrap. A partner whose own contact says it knows
+  (and so heartbeats back) is suspect after ``suspect_after`` periods of silence and dead after ``dead_after``;
+  a bootstrap, which every member heartbeats, times everyone so;
+- a ping to one other peer whose silence it does not time, in a shuffled round-robin order, and to every
+  suspect; an unanswered ping makes a peer suspect, and the silence that follows dead. A ping travels on a
+  connection of its own (the transport's probe lane), opened for it and closed once answered, so it never
+  queues behind a model on its way to the same peer. The ping and its pong carry the changes of membership
+  their sender saw itself (SWIM's piggybacking): a new member is introduced to, and word that a member is
+  failing makes the hearer ping that member itself;
 - every ``sync_every`` periods, its table to one random peer (what the news missed: members that joined
   through different members at once).
-So the messages a member sends are flat in the mesh's size, where ``membership = "all"`` heartbeats every peer
+So the messages and connections of a member are flat in the mesh's size, where ``membership = "all"``
+(which members of one mesh must share with each other: a member of the other form is refused) heartbeats every peer
 and gossips the whole table to ``gossip_fanout`` peers each period (linear in it; benchmarks/membership.py
 measures both). All of this runs on the event loop; the learning code runs in worker threads and never
 delays a heartbeat or a pong.
@@ -47,17 +52,27 @@ from p2pfed.net import security
 from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
 from p2pfed.net.throttle import LogLimiter, remember
 from p2pfed.net.transport import (
+    PROBE_LANE,
     BadAddress,
     DeliveryError,
     Handler,
     Refusal,
     Transport,
     TransportOptions,
+    Unanswered,
     out_of_files,
 )
 from p2pfed.net.waits import first_of
 from p2pfed.wire import NO_REPLY, SCHEMAS, Message, TryLater, WireError
-from p2pfed.wire.messages import LEARNING, MAX_NEWS, MAX_PEERS_LISTED, SchemaError, check_address, check_value
+from p2pfed.wire.messages import (
+    LEARNING,
+    MAX_NEWS,
+    MAX_PEERS_LISTED,
+    MEMBERSHIP_FORMS,
+    SchemaError,
+    check_address,
+    check_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +107,7 @@ _out_of_files_told = [-math.inf]  # when this process last said so (time.monoton
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
 MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req", "ping"})  # what the endpoint answers
-MEMBERSHIPS = ("probe", "all")
+MEMBERSHIPS = MEMBERSHIP_FORMS
 VERIFY_PER_PERIOD = 4  # peers a member probes a period because another member said they were suspect or dead
 VERIFY_QUEUED = 64  # such peers waiting to be probed, at most (the rest of a flood of such news is ignored)
 NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and pongs, newest kept
@@ -200,6 +215,7 @@ class Endpoint:
         self._probe_order: list[str] = []
         self._probing: set[str] = set()
         self._probes: set[asyncio.Task[None]] = set()
+        self._syncing: set[str] = set()  # peers a table sync is on its way to (their connection is kept meanwhile)
         self._verify: OrderedDict[str, None] = OrderedDict()
         self._news: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
         self._last_sync = 0.0
@@ -273,7 +289,7 @@ class Endpoint:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a crashed task was reported already
                 await task
         sent = 0
         if leave and self.transport.router is not None:
@@ -312,7 +328,8 @@ class Endpoint:
         """This member as the IDENTITY schema carries it."""
         pubkey = self.keys.public.decode() if self.keys else ""
         return {"address": self.address, "role": self.role, "incarnation": self.incarnation,
-                "pubkey": pubkey, "round": self.round, "heartbeat": self.options.heartbeat, "recipe": self.recipe}
+                "pubkey": pubkey, "round": self.round, "heartbeat": self.options.heartbeat, "recipe": self.recipe,
+                "membership": self.options.membership}
 
     def message(self, mtype: str, body: dict[str, Any], tensors: dict[str, Any] | None = None) -> Message:
         """A message from this member in its mesh at its current round."""
@@ -344,10 +361,14 @@ class Endpoint:
         if out_of_files(problem):  # this process's trouble, not the peer's: keep it, and say so once a minute
             self._say_out_of_files()
             return False
+        self._drop(peer, problem)
+        return False
+
+    def _drop(self, peer: Peer, problem: Exception) -> None:
+        """Forget a peer that cannot be reached at all (an address libzmq cannot dial), saying why."""
         self.complaints.warning(peer.name, "%s: dropping peer %s: %s", self.name, peer.name, problem)
         self.peers.peers.pop(peer.name, None)
         self.transport.forget(peer.address)
-        return False
 
     def _say_out_of_files(self) -> None:
         if time.monotonic() - _out_of_files_told[0] >= OUT_OF_FILES_EVERY:
@@ -370,6 +391,7 @@ class Endpoint:
         if peer is None or peer.state in (DEAD, LEFT):
             raise DeliveryError(f"{peer_name} is not a live peer")
         incarnation = peer.incarnation
+        self.peers.asked(peer_name)  # a partner from now: not probed while this may be on its way
         request = asyncio.ensure_future(self.transport.request(
             peer.address, msg, timeout or self.options.request_timeout, self._server_key(peer)))
         try:
@@ -483,9 +505,12 @@ class Endpoint:
         if probing:
             # A partner heartbeats us until its own window ends; we stop timing its silence a margin earlier
             # (the two windows start a message's flight apart), so a partnership that ends ends quietly.
+            # Only a partner whose own contact says it knows is timed (it heartbeats us from then on); a bootstrap
+            # times everyone, as every member heartbeats it.
             window = self.options.partner_window * period
             partners = self.peers.partners(window)
-            watched = self.peers.partners(window - 2 * self.options.suspect_after * period)
+            watched = None if self.role == "bootstrap" else self.peers.partners(
+                window - 2 * self.options.suspect_after * period, heard=True)
         for change in self.peers.sweep(watched if probing else None):
             self._changed(change)
         for peer in self.peers.by_state(ALIVE, SUSPECT, JOINING):
@@ -506,20 +531,22 @@ class Endpoint:
             del self._last_probe[name]
         live = self.peers.live()
         if probing:
-            self._probe_some(partners)
+            self._probe_some(watched or set())
         if live and (not probing or now - self._last_sync >= self.options.sync_every * period):
             # "all": the whole table to a few peers every period; "probe": to one peer now and then, which heals
             # what the news on pings missed (members that joined through different members at once)
             self._last_sync = now
             gossip = {**self.identity(), "peers": [p for p in self.peers.snapshot()
                                                    if p["state"] in (ALIVE, SUSPECT)][:MAX_PEERS_LISTED]}
-            fanout = 1 if probing else self.options.gossip_fanout
-            for peer in random.sample(live, min(fanout, len(live))):
-                self._send(peer, "gossip", gossip)
+            if probing:  # over a connection opened for it (most peers have none), kept until the sync is out
+                self._start_sync(random.choice(live), gossip)
+            else:
+                for peer in random.sample(live, min(self.options.gossip_fanout, len(live))):
+                    self._send(peer, "gossip", gossip)
         kept = {p.address for p in self.peers.peers.values()}
         if probing:  # connections only to the peers it works with, the bootstrap, and those being probed
-            kept = {p.address for p in self.peers.peers.values()
-                    if p.name in partners or p.role == "bootstrap" or p.name in self._probing}
+            kept = {p.address for p in self.peers.peers.values() if p.name in partners or p.role == "bootstrap"
+                    or p.name in self._probing or p.name in self._syncing}
         for address in set(self.transport.dealers) - kept:
             if not self.transport.in_flight.get(address):  # e.g. a join request still waiting
                 self.transport.forget(address)  # connections of forgotten peers (and, probing, of idle ones)
@@ -532,10 +559,11 @@ class Endpoint:
     # probes that member itself: in an open mesh nobody can prove news about a third member, so such news may
     # cost a probe, never a member's entry. An incarnation here is a process start, not a refutation counter.
 
-    def _probe_some(self, partners: set[str]) -> None:
+    def _probe_some(self, watched: set[str]) -> None:
         """Start this period's probes: every suspect and every peer not heard from yet (an introduction, until it
-        answers), up to VERIFY_PER_PERIOD peers others said were failing, and the next peer of the round-robin that
-        is neither a partner (heard from anyway) nor being probed."""
+        answers), up to VERIFY_PER_PERIOD peers others said were failing, and the next alive peer of the
+        round-robin whose silence is not timed already (a partner that heartbeats us is heard from anyway). None
+        to a peer being pinged already."""
         targets = [p.name for p in self.peers.by_state(SUSPECT, JOINING)]
         for _ in range(min(VERIFY_PER_PERIOD, len(self._verify))):
             targets.append(self._verify.popitem(last=False)[0])
@@ -545,12 +573,12 @@ class Endpoint:
                 if refilled:
                     break  # a whole pass found nobody to probe
                 refilled = True
-                self._probe_order = [p.name for p in self.peers.live() if p.name not in partners]
+                self._probe_order = [p.name for p in self.peers.live() if p.name not in watched]
                 random.shuffle(self._probe_order)
                 continue
             name = self._probe_order.pop()
             peer = self.peers.peers.get(name)
-            if peer is not None and peer.state == ALIVE and name not in partners:
+            if peer is not None and peer.state == ALIVE and name not in watched:
                 targets.append(name)
                 break
         for name in dict.fromkeys(targets):
@@ -570,34 +598,65 @@ class Endpoint:
         task.add_done_callback(self._probes.discard)
         task.add_done_callback(self._report_crash)
 
+    def _start_sync(self, peer: Peer, gossip: dict[str, Any]) -> None:
+        """Send this member's table to peer in the background, over a connection opened for it if need be."""
+        if peer.name in self._syncing or self.stopped:
+            return
+        try:
+            key = self._server_key(peer)
+        except DeliveryError:
+            return
+        self._syncing.add(peer.name)
+
+        async def sync() -> None:
+            try:
+                await self.transport.send(peer.address, self.message("gossip", gossip), self.options.heartbeat, key)
+            finally:
+                self._syncing.discard(peer.name)
+
+        task = asyncio.get_running_loop().create_task(sync(), name=f"{self.name}-sync")
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+        task.add_done_callback(self._report_crash)
+
     async def _probe(self, peer: Peer) -> None:
-        """Ping peer and take its pong as direct contact; an unanswered ping makes an alive peer suspect. The
-        connection to a peer this member does not work with is closed once answered (connections stay as few as
-        the peers it works with, whatever the mesh's size), and the ping says so (its close is no news there)."""
+        """Ping peer and take its pong as direct contact; an unanswered ping makes an alive peer suspect. A ping
+        travels on the peer's probe lane, a connection of its own (never behind a model on the way to the same peer),
+        opened for it and closed once answered: connections stay as few as the peers this member works with,
+        whatever the mesh's size, and the ping says so (last: its close is no news there)."""
         name, incarnation, address = peer.name, peer.incarnation, peer.address
-        window = self.options.partner_window * self.options.heartbeat
-        last = peer.role != "bootstrap" and name not in self.peers.partners(window)
+        timeout = min(self.options.request_timeout, self.options.suspect_after * self.options.heartbeat)
+        started = time.monotonic()
         try:
             try:
-                body = {**self.identity(), "news": self._news_out(), **({"last": True} if last else {})}
-                reply = await self.transport.request(
-                    peer.address, self.message("ping", body),
-                    min(self.options.request_timeout, self.options.suspect_after * self.options.heartbeat),
-                    self._server_key(peer))
+                body = {**self.identity(), "news": self._news_out(), "last": True}
+                reply = await self.transport.request(address, self.message("ping", body), timeout,
+                                                     self._server_key(peer), lane=PROBE_LANE)
             except Refusal as exc:  # it answered: alive, though it will not take us (another mesh, recipe, ...)
                 log.debug("%s: %s refused a ping: %s", self.name, name, exc.reason)
                 return
-            except DeliveryError as exc:
-                if out_of_files(exc):  # this process's trouble, not the peer's
-                    self._say_out_of_files()
+            except Unanswered as exc:
+                # Only silence counts, not a stall of our own loop (the timeout fired late).
+                if time.monotonic() - started > 1.5 * timeout:
                     return
                 change = self.peers.suspect(name, incarnation)
                 if change:
                     log.debug("%s: ping to %s unanswered: %s", self.name, name, exc)
                     self._changed(change)
                 return
-            forged = self.keys is not None and reply.body["pubkey"] != reply.key
-            if reply.type != "pong" or reply.sender != name or forged:
+            except BadAddress as exc:  # an address nobody can dial: drop the peer, as a heartbeat would
+                if out_of_files(exc):  # this process's trouble, not the peer's
+                    self._say_out_of_files()
+                else:
+                    self._drop(peer, exc)
+                return
+            except DeliveryError as exc:  # this member's trouble (no key for it, every connection busy, out of files)
+                if out_of_files(exc):
+                    self._say_out_of_files()
+                log.debug("%s: ping to %s not sent: %s", self.name, name, exc)
+                return
+            if reply.type != "pong" or reply.sender != name or (
+                    self.keys is not None and reply.body["pubkey"] != reply.key):
                 self.complaints.warning(f"pong:{name}", "%s: %s answered a ping with %s as %s", self.name, name,
                                         reply.type, reply.sender)
                 return
@@ -609,9 +668,8 @@ class Endpoint:
             self._take_news(reply.body["news"])
         finally:
             self._probing.discard(name)
-            if (last and name not in self.peers.partners(window) and not self.transport.in_flight.get(address)
-                    and not self.stopped):
-                self.transport.forget(address)
+            if not self.stopped:
+                self.transport.forget(PROBE_LANE + address)
 
     def _tell(self, name: str, state: str) -> None:
         """Queue a first-hand change of peer name for the next pings and pongs: each carries it a few times,
@@ -664,6 +722,10 @@ class Endpoint:
             raise WireError(f"{msg.sender} trains recipe {theirs}, this member ({self.name}) trains recipe "
                             f"{self.recipe}: members of a mesh must share one recipe (model, input, classes, "
                             "method, training, seed)")
+        form = body.get("membership")
+        if form and form != self.options.membership:
+            raise WireError(f"{msg.sender} keeps membership {form!r}, this member ({self.name}) "
+                            f"{self.options.membership!r}: every member of a mesh must use one ([mesh] membership)")
         old = self.peers.peers.get(msg.sender)
         old_address = old.address if old else None
         try:
@@ -777,7 +839,9 @@ class Endpoint:
         handler = self._handlers.get(mtype)
         if handler is None:
             raise WireError(f"{self.role} {self.name} does not take {mtype} messages")
-        return await handler(msg)
+        answer = await handler(msg)
+        self.peers.asked(msg.sender)  # answered: partners from now until the window ends, on both sides alike
+        return answer
 
 
 async def query_status(address: str, *, mesh: str = "default", keys: security.Keys | None = None,

@@ -14,9 +14,9 @@ another sender claims (an incarnation, a round, an address) is believed for that
 
 Under the probing membership (the default, net/endpoint.py) a member hears directly, every period, only from
 the peers it works with (its partners: models or requests exchanged lately), so only their silence is timed
-(``sweep(watched=...)``); any other peer is suspect only when a probe of it goes unanswered (``suspect``), and
-dead when it then stays silent. A third party's word that a peer is suspect or dead changes nothing here: it
-only makes the member probe that peer itself.
+(``sweep(watched=...)``), once their own contact shows they know they are partners. Any other peer is suspect
+only when a probe of it goes unanswered (``suspect``), and dead when it then stays silent. A third party's word
+that a peer is suspect or dead changes nothing here: it only makes the member probe that peer itself.
 
 Without keys (an --insecure mesh) a name is trusted on its word, and a live member's entry
 cannot be taken: a new incarnation is taken once the old process has missed a heartbeat period (a
@@ -65,7 +65,8 @@ class Peer:
     round: int = 0
     dead_since: float | None = None
     period: float = 0.0  # the peer's own heartbeat period, 0 if not yet heard from it
-    last_work: float = float("-inf")  # the last contact other than membership (a model, a request, a reply)
+    last_work: float = float("-inf")  # its last contact other than membership (a model, a request, a reply)
+    last_asked: float = float("-inf")  # the last time this member worked with it (sent it a request, answered one)
 
     def as_wire(self, now: float) -> dict[str, Any]:
         """The peer as the PEER schema of the wire carries it."""
@@ -257,10 +258,18 @@ class PeerTable:
         peer.last_seen = max(peer.last_seen, self.clock() - self.suspect_after * self._ratio(peer))
         return Change(name, ALIVE, SUSPECT)
 
-    def partners(self, within: float) -> set[str]:
-        """The live peers with contact other than membership in the last within seconds."""
+    def asked(self, name: str) -> None:
+        """This member works with name now (sends it a request, or has answered one of its requests)."""
+        peer = self.peers.get(name)
+        if peer is not None and peer.state in LIVE_STATES:
+            peer.last_asked = self.clock()
+
+    def partners(self, within: float, heard: bool = False) -> set[str]:
+        """The live peers worked with in the last within seconds: either way, or (heard) those whose own contact
+        says so, which therefore know it too and heartbeat this member (their silence may be timed)."""
         since = self.clock() - within
-        return {p.name for p in self.peers.values() if p.state in LIVE_STATES and p.last_work >= since}
+        return {p.name for p in self.peers.values() if p.state in LIVE_STATES
+                and (p.last_work if heard else max(p.last_work, p.last_asked)) >= since}
 
     def sweep(self, watched: set[str] | None = None) -> list[Change]:
         """Apply the timing rules: silent peers become suspect, then dead; long-dead peers are forgotten. With

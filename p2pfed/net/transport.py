@@ -102,6 +102,15 @@ class TransportOptions:
     yield_every: int = 16  # the receive loop lets other tasks run after this many messages in a row
 
 
+# A lane is a second connection to the same address, keyed apart from the first: a probe's ping travels on its own
+# lane so that it never queues behind a large model on the way to the same peer (its delay would read as silence).
+PROBE_LANE = "probe "  # the prefix of the probe lane's key (no address holds a space)
+
+
+class Unanswered(DeliveryError):
+    """A request sent and not answered in time: the only failure that says something of the peer's liveness."""
+
+
 class Transport:
     """The sockets of one node: bind, send, request, reply."""
 
@@ -224,10 +233,12 @@ class Transport:
         return sock
 
     # -- sending ---------------------------------------------------------------------------------
-    def _dealer(self, address: str, server_key: bytes | None) -> zmq.asyncio.Socket:
-        sock = self.dealers.get(address)
+    def _dealer(self, address: str, server_key: bytes | None, lane: str = "") -> zmq.asyncio.Socket:
+        """The connection to address on lane ("" or PROBE_LANE), opened if there is none; it is keyed lane + address
+        in dealers, in_flight and pending."""
+        sock = self.dealers.get(lane + address)
         if sock is not None:
-            self.dealers.move_to_end(address)
+            self.dealers.move_to_end(lane + address)
             return sock
         if self.closed:
             raise DeliveryError(f"{self.name}'s transport is closed")
@@ -255,16 +266,17 @@ class Transport:
                 # libzmq's reason alone: pyzmq's text of the error repeats the whole address, which came from a peer
                 reason = zmq.strerror(exc.errno) if exc.errno is not None else "refused by libzmq"
                 raise BadAddress(f"cannot connect to {clip(address, 80)}: {reason}") from None
-        self.dealers[address] = sock
+        self.dealers[lane + address] = sock
         # A reply on this connection comes from whoever holds server_key (CURVE checked it): that is its key.
         key = server_key.decode() if self.keys and server_key is not None else ""
-        self.dealer_tasks[address] = asyncio.get_running_loop().create_task(
-            self._dealer_loop(address, sock, key), name=f"{self.name}-dealer-{address}"
+        self.dealer_tasks[lane + address] = asyncio.get_running_loop().create_task(
+            self._dealer_loop(lane + address, sock, key), name=f"{self.name}-dealer-{lane}{address}"
         )
         return sock
 
     def forget(self, address: str) -> None:
-        """Close the connection to address (a dead peer), freeing its queue."""
+        """Close the connection to address (a dead peer), freeing its queue; PROBE_LANE + address closes that
+        address's probe lane."""
         sock = self.dealers.pop(address, None)
         task = self.dealer_tasks.pop(address, None)
         watch = self.dealer_tasks.pop(f"watch:{address}", None)
@@ -358,9 +370,10 @@ class Transport:
         self.sent_bytes[mtype] += size
 
     async def request(
-        self, address: str, msg: Message, timeout: float, server_key: bytes | None = None
+        self, address: str, msg: Message, timeout: float, server_key: bytes | None = None, lane: str = ""
     ) -> Message:
-        """Send msg and wait for its reply; raise DeliveryError if refused or not answered within timeout."""
+        """Send msg and wait for its reply; raise DeliveryError if refused or not answered within timeout
+        (Unanswered for the latter). lane: PROBE_LANE sends it on the address's second connection."""
         if msg.type in NO_REPLY:
             raise ValueError(f"{msg.type} messages get no reply; use send_nowait")
         frames = encode(msg)
@@ -370,10 +383,11 @@ class Transport:
                                 f"({self.options.max_message_bytes / 2**20:.0f} MB): a receiver with the same cap "
                                 "would drop it; raise [mesh] max_message_mb on every member")
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self.pending[address, msg.id] = fut
-        self.in_flight[address] += 1
+        key = lane + address
+        self.pending[key, msg.id] = fut
+        self.in_flight[key] += 1
         try:
-            sock = self._dealer(address, server_key)
+            sock = self._dealer(address, server_key, lane)
             async with asyncio.timeout(timeout):
                 await sock.send_multipart(frames, copy=False)
                 self._count(msg.type, size)
@@ -383,7 +397,7 @@ class Transport:
             why, refused = self.handshakes.get(address, ("", False))
             if refused:
                 raise Refusal(f"{what}: {why}", why) from None
-            raise DeliveryError(f"{what}: {why}" if why else what) from None
+            raise Unanswered(f"{what}: {why}" if why else what) from None
         except zmq.ZMQError as exc:  # the context is ending
             raise DeliveryError(f"{msg.type} {msg.id[:8]} to {address} failed: {exc}") from None
         except asyncio.CancelledError:
@@ -393,10 +407,10 @@ class Transport:
             # pyzmq cancels a pending send when its socket is closed (forget): that is a failed delivery.
             raise DeliveryError(f"{msg.type} {msg.id[:8]} to {address}: connection closed while sending") from None
         finally:
-            self.pending.pop((address, msg.id), None)
-            self.in_flight[address] -= 1
-            if not self.in_flight[address]:
-                del self.in_flight[address]
+            self.pending.pop((key, msg.id), None)
+            self.in_flight[key] -= 1
+            if not self.in_flight[key]:
+                del self.in_flight[key]
         if reply.type == "ack" and not reply.body["ok"]:
             reason = cut(reply.body["reason"])
             raise Refusal(f"{address} refused {msg.type}: {reason}", reason, bool(reply.body.get("retry", False)))
@@ -468,9 +482,9 @@ class Transport:
             msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
         if msg.type == GOODBYE:
             self._goodbye(_origin(parts[0]), msg.sender)
-        elif msg.type == PROBE and msg.body.get("last"):
-            self._goodbye(_origin(parts[0]), msg.sender, quiet=True)
-        self._spawn(self._handle(routing_id, msg))
+        # a probe whose connection closes once answered: its close is said quietly, once the probe was taken
+        quiet = _origin(parts[0]) if msg.type == PROBE and msg.body.get("last") else None
+        self._spawn(self._handle(routing_id, msg, quiet))
 
     def _goodbye(self, host: str, sender: str, quiet: bool = False) -> None:
         """Remember that sender at host said goodbye, or that it closes its connection once answered (quiet: a
@@ -513,9 +527,11 @@ class Transport:
                                        "or sent a message over the %.3g MB cap)", self.name, who,
                                        self.options.max_message_bytes / 2**20)
 
-    async def _handle(self, routing_id: bytes, msg: Message) -> None:
+    async def _handle(self, routing_id: bytes, msg: Message, quiet: str | None = None) -> None:
         try:
             reply = await self.handler(msg)
+            if quiet is not None:
+                self._goodbye(quiet, msg.sender, quiet=True)
         except WireError as exc:  # the message parsed but broke a rule of its content (e.g. shapes)
             self.dropped += 1
             reason = cut(str(exc))
@@ -539,7 +555,8 @@ class Transport:
             frames = encode(reply)
         except (WireError, ValueError) as exc:  # this member's own answer breaks the wire's rules: a bug, said
             log.error("%s: reply %s to a request cannot be sent: %s", self.name, reply.type, cut(str(exc)))
-            frames = encode(self._ack(reply.id, f"the answer ({reply.type}) broke the wire's rules: {cut(str(exc))}"))
+            reply = self._ack(reply.id, f"the answer ({reply.type}) broke the wire's rules: {cut(str(exc))}")
+            frames = encode(reply)
         try:
             async with asyncio.timeout(timeout):
                 await self.router.send_multipart([routing_id, *frames], copy=False)

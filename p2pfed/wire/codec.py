@@ -25,7 +25,8 @@ from p2pfed.wire.messages import SCHEMAS, SchemaError, check_body, clip, is_name
 # 2: a member's identity carries its recipe's fingerprint, a status its learning (wire/messages.py). Members of
 # different versions refuse each other's messages, naming both versions, rather than failing on a field.
 # 3: a task names its shared models in its body, and its meta map holds only the method's typed instructions.
-WIRE_VERSION = 3
+# 4: the probing membership's ping and pong (net/endpoint.py), and a member's identity names its membership form.
+WIRE_VERSION = 4
 
 # Only these dtypes travel. Names are the wire's, mapped to torch dtypes; anything else is refused.
 DTYPES: dict[str, torch.dtype] = {

@@ -155,8 +155,12 @@ PEER = {
 # recipe: the fingerprint of what a learning member trains (Scenario.fingerprint); "" or absent for a member
 # that trains nothing (a bootstrap) or does not know its method yet (a node told it by its coordinator)
 RECIPE = Text(16, re.compile(r"[0-9a-f]{0,16}"))
+# membership: the member's form of membership ("probe" or "all", net/endpoint.py); members of one mesh must share
+# it (an "all" member would time the silence of "probe" members, who heartbeat only their partners)
+MEMBERSHIP_FORMS = ("probe", "all")
 IDENTITY = {"address": Address(), "role": OneOf(ROLES), "incarnation": INCARNATION, "pubkey": PUBKEY,
-            "round": ROUND, "heartbeat": Num(MIN_HEARTBEAT, MAX_HEARTBEAT), "recipe": Opt(RECIPE)}
+            "round": ROUND, "heartbeat": Num(MIN_HEARTBEAT, MAX_HEARTBEAT), "recipe": Opt(RECIPE),
+            "membership": Opt(OneOf(MEMBERSHIP_FORMS))}
 PEERS = Many(PEER, MAX_PEERS_LISTED)
 KIND = Text(32)
 # a note's number (a score, an influence): bounded so that a method's arithmetic on it (squares, means, a

@@ -297,8 +297,8 @@ LONG = "n" * 250  # a long tensor name, still under max_name_len
 
 
 @pytest.mark.parametrize(("changes", "reason"), [
-    ({"v": 99}, "wire version 99 is not 3"),
-    ({"v": "x" * 100}, f"wire version {clip('x' * 100, 40)} is not 3"),
+    ({"v": 99}, "wire version 99 is not 4"),
+    ({"v": "x" * 100}, f"wire version {clip('x' * 100, 40)} is not 4"),
     ({"type": ""}, "envelope field 'type' must be a non-empty string of at most 64 chars"),
     ({"type": "t" * 65}, "envelope field 'type' must be a non-empty string of at most 64 chars"),
     ({"type": "exec"}, "unknown message type 'exec'"),
