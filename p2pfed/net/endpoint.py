@@ -111,6 +111,10 @@ MEMBERSHIPS = MEMBERSHIP_FORMS
 VERIFY_PER_PERIOD = 4  # peers a member probes a period because another member said they were suspect or dead
 VERIFY_QUEUED = 64  # such peers waiting to be probed, at most (the rest of a flood of such news is ignored)
 NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and pongs, newest kept
+# Pings of one member in flight at once; the rest wait their turn. A newcomer introduces itself to every member
+# its welcome lists, each ping on a connection of its own: all at once, a mesh of 100 joining in one process
+# opened some 10,000 connections and spent its two cores on handshakes until nothing was answered in time.
+MAX_PINGING = 16
 OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
@@ -214,6 +218,7 @@ class Endpoint:
         # first-hand changes still to tell (name -> entry, how many more messages carry it), the last table sync
         self._probe_order: list[str] = []
         self._probing: set[str] = set()
+        self._queued: OrderedDict[str, bool] = OrderedDict()  # peers waiting for a free ping (name -> a dead one)
         self._probes: set[asyncio.Task[None]] = set()
         self._syncing: set[str] = set()  # peers a table sync is on its way to (their connection is kept meanwhile)
         self._verify: OrderedDict[str, None] = OrderedDict()
@@ -592,6 +597,10 @@ class Endpoint:
         if (peer.state not in (ALIVE, SUSPECT, JOINING, *((DEAD,) if dead else ())) or peer.name in self._probing
                 or self.stopped):
             return
+        if len(self._probing) >= MAX_PINGING:
+            if peer.name not in self._queued and len(self._queued) < self.options.max_peers:
+                self._queued[peer.name] = dead
+            return
         self._probing.add(peer.name)
         task = asyncio.get_running_loop().create_task(self._probe(peer), name=f"{self.name}-probe")
         self._probes.add(task)
@@ -670,6 +679,17 @@ class Endpoint:
             self._probing.discard(name)
             if not self.stopped:
                 self.transport.forget(PROBE_LANE + address)
+                self._next_queued()
+
+    def _next_queued(self) -> None:
+        """Start the pings that waited for a free one, but of peers heard from within the last period meanwhile
+        (a newcomer that pinged us first: introduced already)."""
+        now = self.peers.clock()
+        while self._queued and len(self._probing) < MAX_PINGING:
+            name, dead = self._queued.popitem(last=False)
+            peer = self.peers.peers.get(name)
+            if peer is not None and not (peer.state == ALIVE and now - peer.last_seen < self.options.heartbeat):
+                self._start_probe(peer, dead)
 
     def _tell(self, name: str, state: str) -> None:
         """Queue a first-hand change of peer name for the next pings and pongs: each carries it a few times,
