@@ -153,8 +153,23 @@ def lia_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def membership_table(figures: dict[str, Any]) -> str:
+    rows = ["| N | membership | messages / member / s | × smallest N | bytes / member / s | × smallest N | "
+            "connections / member | formed in (s) | CPU (cores) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    first: dict[str, dict[str, Any]] = {}
+    for r in figures["sizes"]:
+        base = first.setdefault(r["membership"], r)
+        formed = f"{r['formed_s']:.1f}" if r["formed_s"] is not None else "never"
+        rows.append(f"| {r['members']} | {r['membership']} | {r['messages_per_member_s']:.1f} | "
+                    f"{r['messages_per_member_s'] / base['messages_per_member_s']:.2f} | "
+                    f"{r['bytes_per_member_s']:.0f} | {r['bytes_per_member_s'] / base['bytes_per_member_s']:.2f} | "
+                    f"{r['connections_per_member']:.0f} | {formed} | {r['cpu_share']:.2f} |")
+    return "\n".join(rows)
+
+
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table}
+    "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
+    "membership.json": membership_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:
