@@ -53,7 +53,7 @@ class MeshConfig:
 
     def validate(self, where: str) -> None:
         """Raise ConfigError for values that cannot work."""
-        from p2pfed.wire.messages import MAX_HEARTBEAT, MIN_HEARTBEAT, is_name
+        from p2pfed.wire.messages import MAX_HEARTBEAT, MEMBERSHIP_FORMS, MIN_HEARTBEAT, is_name
 
         if not MIN_HEARTBEAT <= self.heartbeat <= MAX_HEARTBEAT:  # what every member accepts from a peer
             raise ConfigError(f"{where}heartbeat must be in [{MIN_HEARTBEAT:g}, {MAX_HEARTBEAT:g}] seconds "
@@ -63,10 +63,8 @@ class MeshConfig:
         _positive(where, "join_give_up", self.join_give_up)
         if not 1 <= self.suspect_after < self.dead_after:
             raise ConfigError(f"{where}suspect_after must be >= 1 and < dead_after (heartbeat periods)")
-        from p2pfed.net.endpoint import MEMBERSHIPS
-
-        if self.membership not in MEMBERSHIPS:
-            raise ConfigError(f"{where}membership must be one of {', '.join(repr(m) for m in MEMBERSHIPS)} "
+        if self.membership not in MEMBERSHIP_FORMS:
+            raise ConfigError(f"{where}membership must be one of {', '.join(repr(m) for m in MEMBERSHIP_FORMS)} "
                               f"(got {self.membership!r})")
         if not is_name(self.mesh):
             raise ConfigError(f"{where}mesh must be a name of up to 64 letters, digits, '-', '_' or '.' "

@@ -107,7 +107,6 @@ _out_of_files_told = [-math.inf]  # when this process last said so (time.monoton
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
 MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req", "ping"})  # what the endpoint answers
-MEMBERSHIPS = MEMBERSHIP_FORMS
 VERIFY_PER_PERIOD = 4  # peers a member probes a period because another member said they were suspect or dead
 VERIFY_QUEUED = 64  # such peers waiting to be probed, at most (the rest of a flood of such news is ignored)
 NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and pongs, newest kept
@@ -210,8 +209,8 @@ class Endpoint:
         self.stopped = False
         self._last_probe: dict[str, float] = {}
         self.complaints = LogLimiter(log)
-        if self.options.membership not in MEMBERSHIPS:
-            raise ValueError(f"{name}: membership must be one of {', '.join(MEMBERSHIPS)} "
+        if self.options.membership not in MEMBERSHIP_FORMS:
+            raise ValueError(f"{name}: membership must be one of {', '.join(MEMBERSHIP_FORMS)} "
                              f"(got {self.options.membership!r})")
         # the probing membership: whom to probe next (each live peer once per pass, in a shuffled order), the
         # probes waiting for their answer, the peers others said were suspect or dead (to probe ourselves), the
@@ -632,13 +631,13 @@ class Endpoint:
         """Ping peer and take its pong as direct contact; an unanswered ping makes an alive peer suspect. A ping
         travels on the peer's probe lane, a connection of its own (never behind a model on the way to the same peer),
         opened for it and closed once answered: connections stay as few as the peers this member works with,
-        whatever the mesh's size, and the ping says so (last: its close is no news there)."""
+        whatever the mesh's size (the peer expects that close: it is no news there)."""
         name, incarnation, address = peer.name, peer.incarnation, peer.address
         timeout = min(self.options.request_timeout, self.options.suspect_after * self.options.heartbeat)
         started = time.monotonic()
         try:
             try:
-                body = {**self.identity(), "news": self._news_out(), "last": True}
+                body = {**self.identity(), "news": self._news_out()}
                 reply = await self.transport.request(address, self.message("ping", body), timeout,
                                                      self._server_key(peer), lane=PROBE_LANE)
             except Refusal as exc:  # it answered: alive, though it will not take us (another mesh, recipe, ...)
@@ -832,6 +831,7 @@ class Endpoint:
             if mtype == "gossip":
                 self.learn(msg.body["peers"])
             if mtype == "ping":
+                self.transport.closes_soon(msg.origin, msg.sender)  # a ping's connection closes once answered
                 self._take_news(msg.body["news"])
                 return self.message("pong", {**self.identity(), "news": self._news_out()})
             if mtype == "hello":

@@ -40,7 +40,6 @@ from p2pfed.wire import (
     DEFAULT_LIMITS,
     GOODBYE,
     NO_REPLY,
-    PROBE,
     SCHEMAS,
     Limits,
     Message,
@@ -144,7 +143,7 @@ class Transport:
         self.connections: dict[int, str] = {}  # inbound connections the monitor has seen: fd -> host:port
         # host -> names whose "leave" came from there and whose connection has not closed yet: the close that
         # follows a goodbye is logged as the leave it is (libzmq tells the connection's fd, not its messages')
-        # (and whether the close is a matter of course: a probe's connection, closed once answered, logged quietly)
+        # (and whether the close is a matter of course, said quietly: closes_soon)
         self.goodbyes: OrderedDict[str, list[tuple[str, bool]]] = OrderedDict()
         self.address = ""
         self.dealers: OrderedDict[str, zmq.asyncio.Socket] = OrderedDict()  # least recently used first
@@ -482,13 +481,17 @@ class Transport:
             msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
         if msg.type == GOODBYE:
             self._goodbye(_origin(parts[0]), msg.sender)
-        # a probe whose connection closes once answered: its close is said quietly, once the probe was taken
-        quiet = _origin(parts[0]) if msg.type == PROBE and msg.body.get("last") else None
-        self._spawn(self._handle(routing_id, msg, quiet))
+        msg.origin = _origin(parts[0])
+        self._spawn(self._handle(routing_id, msg))
+
+    def closes_soon(self, host: str, sender: str) -> None:
+        """Expect sender's connection from host to close as a matter of course (a probe's, once answered): its
+        close is logged quietly, not as a peer that stopped or broke the message cap."""
+        self._goodbye(host, sender, quiet=True)
 
     def _goodbye(self, host: str, sender: str, quiet: bool = False) -> None:
-        """Remember that sender at host said goodbye, or that it closes its connection once answered (quiet: a
-        probe's); a few per host, for a bounded number of hosts."""
+        """Remember that sender at host said goodbye, or (quiet) that its connection closes as a matter of course;
+        a few per host, for a bounded number of hosts."""
         remember(self.goodbyes, host, [*self.goodbyes.get(host, []), (sender, quiet)][-8:], self.options.max_dealers)
 
     def _ack(self, ref: str, refusal: str | None = None, retry: bool = False) -> Message:
@@ -527,11 +530,9 @@ class Transport:
                                        "or sent a message over the %.3g MB cap)", self.name, who,
                                        self.options.max_message_bytes / 2**20)
 
-    async def _handle(self, routing_id: bytes, msg: Message, quiet: str | None = None) -> None:
+    async def _handle(self, routing_id: bytes, msg: Message) -> None:
         try:
             reply = await self.handler(msg)
-            if quiet is not None:
-                self._goodbye(quiet, msg.sender, quiet=True)
         except WireError as exc:  # the message parsed but broke a rule of its content (e.g. shapes)
             self.dropped += 1
             reason = cut(str(exc))

@@ -13,7 +13,7 @@ from p2pfed.wire.codec import (
     encode,
     peek,
 )
-from p2pfed.wire.messages import GOODBYE, NO_REPLY, PROBE, SCHEMAS
+from p2pfed.wire.messages import GOODBYE, NO_REPLY, SCHEMAS
 from p2pfed.wire.received import ModelIn, NoteIn
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "DTYPES",
     "GOODBYE",
     "NO_REPLY",
-    "PROBE",
     "SCHEMAS",
     "WIRE_VERSION",
     "Limits",

@@ -81,6 +81,9 @@ class Message:
     # Not on the wire: the CURVE public key (z85) the sending connection authenticated with, set by the
     # receiving transport in a keyed mesh ("" otherwise), so a member can check the sender's claimed name.
     key: str = field(default="", compare=False)
+    # Not on the wire either: the host the message's connection came from (libzmq's Peer-Address), set by the
+    # receiving transport, so a member can tell it what to expect of that connection (Transport.closes_soon).
+    origin: str = field(default="", compare=False)
 
 
 def tensor_frame(t: torch.Tensor) -> np.ndarray:

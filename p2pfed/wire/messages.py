@@ -184,9 +184,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "heartbeat": IDENTITY,
     "gossip": {**IDENTITY, "peers": PEERS},
     # the probing membership (net/endpoint.py): a member asks one peer a period whether it is alive (ping, answered
-    # by pong), and both carry the few changes of membership their sender saw first-hand (news); last: the sender
-    # closes the connection once answered (it does not work with that peer), so the close is no news
-    "ping": {**IDENTITY, "news": Many(PEER, MAX_NEWS), "last": Opt(bool)},
+    # by pong, on a connection the sender closes once answered), and both carry the few changes of membership their
+    # sender saw first-hand (news)
+    "ping": {**IDENTITY, "news": Many(PEER, MAX_NEWS)},
     "pong": {**IDENTITY, "news": Many(PEER, MAX_NEWS)},
     "leave": {},
     "status_req": {},
@@ -282,4 +282,3 @@ def check_value(value: Any, spec: Any, where: str) -> None:
 # sender learns it arrived or that it timed out.
 NO_REPLY = frozenset({"heartbeat", "gossip", "leave", "ack", "welcome", "status", "pong"})
 GOODBYE = "leave"  # what a member says as it leaves: the connection it came by closes next
-PROBE = "ping"  # with last set, the connection it came by closes next too, as a matter of course

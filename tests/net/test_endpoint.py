@@ -473,11 +473,13 @@ async def test_a_peer_a_large_model_is_on_its_way_to_is_pinged_on_a_lane_of_its_
         members: Make) -> None:
     # a ping queued behind a model on the same connection was taken for silence: the peer was declared dead and
     # the model's delivery aborted ("n1 is dead")
-    _, (n0, n1) = await start_mesh(members, 2)
+    # a period long enough that the receiver's own decoding of 100 MB on a busy machine is never silence
+    calm = dataclasses.replace(FAST, heartbeat=0.25)
+    _, (n0, n1) = await start_mesh(members, 2, calm)
     await wait_until(lambda: states(n0).get("n1") == ALIVE and states(n1).get("n0") == ALIVE, what="mesh formed")
 
     async def slow(msg: Message) -> Message | None:
-        await asyncio.sleep(20 * FAST.heartbeat)  # an answer that takes many periods (a coordinator's task: training)
+        await asyncio.sleep(8 * calm.heartbeat)  # an answer that takes many periods (a coordinator's task: training)
         return None
 
     n1.serve({"model": slow})
