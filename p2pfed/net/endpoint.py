@@ -481,7 +481,10 @@ class Endpoint:
             log.error("%s", exc)
         except Exception as exc:  # anything else ends the join too, and says so (it is not a success)
             self.join_error = JoinError(f"{self.name} could not join mesh {self.options.mesh!r}: {exc}")
-            log.exception("%s: the join failed", self.name)
+            if out_of_files(exc):  # this process's limit, not a bug: one line (the runner says what helps)
+                log.error("%s", self.join_error)
+            else:
+                log.exception("%s: the join failed", self.name)
         finally:
             self.join_ended.set()
 

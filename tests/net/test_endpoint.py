@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import logging
 import math
 import re
 import time
@@ -318,6 +319,41 @@ async def test_a_join_that_fails_in_an_unexpected_way_is_a_failed_join(members: 
         await node.wait_joined(5)
     with pytest.raises(ValueError, match=r"'tcp://no such host:1'.*pass --advertise"):
         await members("n1", options=FAST).start("tcp://127.0.0.1:0", [boot.ticket], advertise="tcp://no such host:1")
+
+
+async def test_a_ping_out_of_open_files_is_said_once_and_crashes_nothing(
+        members: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from p2pfed.net import endpoint as endpoint_module
+
+    e = members("n0", options=dataclasses.replace(FAST, insecure=True))
+    await e.start("tcp://127.0.0.1:0")
+    peer = e.peers.peers["a"] = Peer("a", "tcp://10.0.0.2:5", state=ALIVE)
+
+    def no_files(kind: int) -> None:
+        raise zmq.ZMQError(errno.EMFILE)  # libzmq could not make the ping's socket
+
+    monkeypatch.setattr(e.transport.ctx, "socket", no_files)
+    monkeypatch.setattr(endpoint_module, "_out_of_files_told", [-math.inf])
+    await e._probe(peer)
+    assert e.peers.peers["a"].state == ALIVE  # not the peer's fault
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "INSECURE" not in r.getMessage()]
+    assert said == ["n0: cannot reach peers: too many open files (ulimit -n; said once a minute)"], said
+
+
+async def test_a_join_out_of_open_files_fails_in_one_line_without_a_traceback(
+        members: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    boot, _ = await start_mesh(members, 0)
+    node = members("n0", options=FAST)
+
+    def no_files(address: str, server_key: bytes | None = None) -> None:
+        raise zmq.ZMQError(errno.EMFILE)  # the watch's monitor socket, as a run at ulimit -n 256 saw
+
+    monkeypatch.setattr(node.transport, "watch", no_files)
+    await node.start("tcp://127.0.0.1:0", [boot.ticket])
+    with pytest.raises(JoinError, match=r"could not join.*[Tt]oo many open files"):
+        await node.wait_joined(5)
+    said = [r for r in caplog.records if "n0" in r.getMessage() and "join" in r.getMessage()]
+    assert said and all(r.exc_info is None for r in said), [r.getMessage() for r in said]
 
 
 async def test_acknowledgements_travel_in_the_members_mesh(members: Make) -> None:
