@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -191,3 +192,76 @@ def test_values_at_the_schema_bounds_are_accepted(value: object, spec: object) -
 def test_a_schema_the_code_got_wrong_is_a_type_error_not_a_refusal() -> None:
     with pytest.raises(TypeError, match=r"^bad schema at body\.x: 3$"):
         check_value(1, 3, "body.x")
+
+
+def _example(spec: object, rng: random.Random) -> object:
+    """A value that matches spec (optional keys kept or left out at random)."""
+    if spec is str or isinstance(spec, Text):
+        pattern = spec.pattern if isinstance(spec, Text) else None
+        return next(v for v in ("n1", "0a", "x") if pattern is None or pattern.fullmatch(v))
+    if spec is bool:
+        return True
+    if spec is int or spec is float:
+        return 1
+    if isinstance(spec, (Int, Num)):
+        return spec.lo
+    if isinstance(spec, OneOf):
+        return rng.choice(spec.values)
+    if isinstance(spec, Address):
+        return rng.choice(["tcp://10.0.0.1:7000", "tcp://[::1]:5", "tcp://host_1.lab:65535"])
+    if isinstance(spec, (list, Many)):
+        item = spec[0] if isinstance(spec, list) else spec.spec
+        return [_example(item, rng) for _ in range(rng.randint(0, 3))]
+    if isinstance(spec, dict):
+        return {k: _example(s.spec if isinstance(s, Opt) else s, rng) for k, s in spec.items()
+                if not isinstance(s, Opt) or rng.random() < 0.5}
+    assert isinstance(spec, AnyMap)
+    return dict(GOOD_META)
+
+
+ODD = [None, True, False, 0, -1, 1 << 63, -(1 << 63), 2.5, math.nan, math.inf, -math.inf, 1e308, "", "x" * 5000,
+       "a b", "n1", "alive", "node", "probe", "0123456789abcdef0", "tcp://h:1", "tcp://h:0", "tcp://[::1]:70000",
+       "tcp://[zz]:5", "tcp://-bad-:5", [], {}, [1], [math.nan], {"a": 1}, {"k" * 129: 1}, {"l": [1]}, b"x"]
+
+
+def _mutate(value: object, rng: random.Random) -> object:
+    """value with one thing somewhere in it changed: a leaf replaced by an odd value, a key dropped or added."""
+    if isinstance(value, dict) and value and rng.random() < 0.7:
+        key = rng.choice(list(value))
+        roll = rng.random()
+        if roll < 0.15:
+            return {k: v for k, v in value.items() if k != key}
+        if roll < 0.25:
+            return {**value, rng.choice(["extra", "news", "peers", 1]): rng.choice(ODD)}
+        return {**value, key: _mutate(value[key], rng)}
+    if isinstance(value, list) and value and rng.random() < 0.7:
+        i = rng.randrange(len(value))
+        return [*value[:i], _mutate(value[i], rng), *value[i + 1:]]
+    return rng.choice(ODD)
+
+
+def test_the_compiled_schemas_take_exactly_what_check_value_takes() -> None:
+    """check_body answers a matching body from the schema's compiled form and walks it again only to word an
+    error: the two must agree on every body, or a message would pass one check and not the other."""
+    from p2pfed.wire.messages import _MATCHES
+
+    rng = random.Random(0)
+    refused = 0
+    for _ in range(4000):
+        mtype = rng.choice(sorted(SCHEMAS))
+        body = _example(SCHEMAS[mtype], rng)
+        for _ in range(rng.randint(0, 2)):
+            body = _mutate(body, rng)
+        try:
+            check_value(body, SCHEMAS[mtype], "body")
+            takes = True
+        except SchemaError:
+            takes = False
+        assert _MATCHES[mtype](body) == takes, (mtype, body)
+        if takes:
+            check_body(mtype, body)
+        else:
+            refused += 1
+            with pytest.raises(SchemaError):
+                check_body(mtype, body)
+    assert 1000 < refused < 3900  # both sides of the line were tried, many times
