@@ -39,9 +39,11 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import random
 import socket
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -114,6 +116,47 @@ NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and
 # its welcome lists, each ping on a connection of its own: all at once, a mesh of 100 joining in one process
 # opened some 10,000 connections and spent its two cores on handshakes until nothing was answered in time.
 MAX_PINGING = 16
+# Pings in flight in one process, all its members together: a scripted run's members share the process's loop and
+# cores, and past what those serve, pongs wait in the queue until pings time out and answered members turn suspect
+# (80 keyed members in one process: 1,465 suspicions in forming, then more pings to clear them). A process of one
+# member never meets the cap.
+PINGS_PER_CORE = 32
+
+
+class _PingSlots:
+    """The pings this process may have in flight, and the members waiting for one, first come first served."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.used = 0
+        self.waiting: OrderedDict[Endpoint, None] = OrderedDict()
+
+    def take(self) -> bool:
+        if self.used >= self.most:
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        self.used -= 1
+        while self.waiting and self.used < self.most:
+            member, _ = self.waiting.popitem(last=False)
+            member._next_queued()
+
+    def wait(self, member: Endpoint) -> None:
+        self.waiting.setdefault(member)
+
+
+# One set of slots per event loop (the members of one loop share its thread; a test's loop ends with the test)
+_ping_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _PingSlots] = weakref.WeakKeyDictionary()
+
+
+def ping_slots() -> _PingSlots:
+    loop = asyncio.get_running_loop()
+    slots = _ping_slots.get(loop)
+    if slots is None:
+        slots = _ping_slots[loop] = _PingSlots(PINGS_PER_CORE * (os.cpu_count() or 1))
+    return slots
 OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
@@ -217,7 +260,8 @@ class Endpoint:
         # first-hand changes still to tell (name -> entry, how many more messages carry it), the last table sync
         self._probe_order: list[str] = []
         self._probing: set[str] = set()
-        self._queued: OrderedDict[str, bool] = OrderedDict()  # peers waiting for a free ping (name -> a dead one)
+        # peers waiting for a free ping: name -> (a dead one, its state when queued)
+        self._queued: OrderedDict[str, tuple[bool, str]] = OrderedDict()
         self._probes: set[asyncio.Task[None]] = set()
         self._syncing: set[str] = set()  # peers a table sync is on its way to (their connection is kept meanwhile)
         self._verify: OrderedDict[str, None] = OrderedDict()
@@ -599,15 +643,20 @@ class Endpoint:
         if (peer.state not in (ALIVE, SUSPECT, JOINING, *((DEAD,) if dead else ())) or peer.name in self._probing
                 or self.stopped):
             return
-        if len(self._probing) >= MAX_PINGING:
+        slots = ping_slots()
+        if len(self._probing) >= MAX_PINGING or not slots.take():
             if peer.name not in self._queued and len(self._queued) < self.options.max_peers:
-                self._queued[peer.name] = dead
+                self._queued[peer.name] = (dead, peer.state)
+            if len(self._probing) < MAX_PINGING:  # the process's pings are all out: its turn comes
+                slots.wait(self)
             return
         self._probing.add(peer.name)
         task = asyncio.get_running_loop().create_task(self._probe(peer), name=f"{self.name}-probe")
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
         task.add_done_callback(self._report_crash)
+        # given back when the task ends, however (one cancelled before its first step never runs its finally)
+        task.add_done_callback(lambda _: slots.give())
 
     def _start_sync(self, peer: Peer, gossip: dict[str, Any]) -> None:
         """Send this member's table to peer in the background, over a connection opened for it if need be."""
@@ -684,14 +733,23 @@ class Endpoint:
                 self._next_queued()
 
     def _next_queued(self) -> None:
-        """Start the pings that waited for a free one, but of peers heard from within the last period meanwhile
-        (a newcomer that pinged us first: introduced already)."""
+        """Start the pings that waited for a free one, but of peers heard from directly meanwhile: a newcomer or a
+        suspect that has since spoken to us (a newcomer's own ping introduces both sides: forming a mesh, each
+        pair then pings once, not twice), or an alive peer heard within the last period."""
+        if self.stopped:
+            return
         now = self.peers.clock()
+        slots = ping_slots()
         while self._queued and len(self._probing) < MAX_PINGING:
-            name, dead = self._queued.popitem(last=False)
+            if slots.used >= slots.most:
+                slots.wait(self)
+                return
+            name, (dead, was) = self._queued.popitem(last=False)
             peer = self.peers.peers.get(name)
-            if peer is not None and not (peer.state == ALIVE and now - peer.last_seen < self.options.heartbeat):
-                self._start_probe(peer, dead)
+            if peer is None or (peer.state == ALIVE and (was in (JOINING, SUSPECT)
+                                                         or now - peer.last_seen < self.options.heartbeat)):
+                continue
+            self._start_probe(peer, dead)
 
     def _tell(self, name: str, state: str) -> None:
         """Queue a first-hand change of peer name for the next pings and pongs: each carries it a few times,

@@ -468,6 +468,46 @@ async def test_a_member_heartbeats_only_its_partners_and_probes_one_peer_a_perio
     assert nodes[1].transport.sent["heartbeat"] - heartbeats >= 3
 
 
+async def test_the_members_of_one_process_share_its_pings_and_the_mesh_still_forms(
+        members: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 80 keyed members of one process, each with 16 pings out, had 1,465 answered members turn suspect while forming
+    # (their pongs queued behind everyone's handshakes); the process's pings are capped together
+    from p2pfed.net.endpoint import ping_slots
+
+    ping_slots().most = 3
+    out, most_out = [0], [0]
+    probe = Endpoint._probe
+
+    async def counted(self: Endpoint, peer: Peer) -> None:
+        out[0] += 1
+        most_out[0] = max(most_out[0], out[0])
+        try:
+            await probe(self, peer)
+        finally:
+            out[0] -= 1
+
+    monkeypatch.setattr(Endpoint, "_probe", counted)
+    boot, nodes = await start_mesh(members, 8)
+    await wait_until(lambda: all(sum(s == ALIVE for s in states(e).values()) == 8 for e in [boot, *nodes]),
+                     what="mesh formed", timeout=30)
+    assert most_out[0] == 3  # the cap was met, and never passed
+    assert not any(s == SUSPECT for e in nodes for s in states(e).values())
+
+
+async def test_a_queued_ping_to_a_member_heard_from_meanwhile_is_not_sent(members: Make) -> None:
+    e = members("n0", options=dataclasses.replace(FAST, insecure=True))
+    started: list[str] = []
+    e._start_probe = lambda peer, dead=False: started.append(peer.name)  # type: ignore[method-assign]
+    now = e.peers.clock()
+    for name, was, state, heard in [("newcomer", "joining", ALIVE, now), ("suspect", SUSPECT, ALIVE, now - 60),
+                                    ("quiet", ALIVE, ALIVE, now - 60), ("still-new", "joining", "joining", now - 60)]:
+        e.peers.peers[name] = Peer(name, f"tcp://10.0.0.2:{len(started) + 5}", state=state, last_seen=heard)
+        e._queued[name] = (False, was)
+    e._next_queued()
+    # the newcomer pinged us (that introduced us both), the suspect spoke: only the others still need a ping
+    assert started == ["quiet", "still-new"]
+
+
 async def test_word_that_a_live_member_is_dead_only_makes_the_others_probe_it(members: Make) -> None:
     # an open mesh cannot prove what one member says of another: a lie about n2 may cost a ping, never n2's entry
     _, (n0, n1, n2) = await start_mesh(members, 3)
