@@ -158,6 +158,9 @@ def membership_table(figures: dict[str, Any]) -> str:
             "connections / member | formed in (s) | CPU (cores) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     first: dict[str, dict[str, Any]] = {}
     for r in figures["sizes"]:
+        if "failed" in r:  # what this form could not do at this size (e.g. out of open files), said as such
+            rows.append(f"| {r['members']} | {r['membership']} | failed: {r['failed']} | | | | | | |")
+            continue
         base = first.setdefault(r["membership"], r)
         formed = f"{r['formed_s']:.1f}" if r["formed_s"] is not None else "never"
         rows.append(f"| {r['members']} | {r['membership']} | {r['messages_per_member_s']:.1f} | "
