@@ -121,6 +121,7 @@ MAX_PINGING = 16
 # (80 keyed members in one process: 1,465 suspicions in forming, then more pings to clear them). A process of one
 # member never meets the cap.
 PINGS_PER_CORE = 32
+OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
 class _PingSlots:
@@ -146,6 +147,10 @@ class _PingSlots:
     def wait(self, member: Endpoint) -> None:
         self.waiting.setdefault(member)
 
+    def leave(self, member: Endpoint) -> None:
+        """A stopped member waits no more (and is not kept alive by the queue)."""
+        self.waiting.pop(member, None)
+
 
 # One set of slots per event loop (the members of one loop share its thread; a test's loop ends with the test)
 _ping_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _PingSlots] = weakref.WeakKeyDictionary()
@@ -157,7 +162,6 @@ def ping_slots() -> _PingSlots:
     if slots is None:
         slots = _ping_slots[loop] = _PingSlots(PINGS_PER_CORE * (os.cpu_count() or 1))
     return slots
-OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
 class JoinError(ConnectionError):
@@ -333,6 +337,7 @@ class Endpoint:
         if self.stopped:
             return
         self.stopped = True
+        ping_slots().leave(self)
         tasks = [*self.tasks, *self._probes]  # first, so that no period closes a goodbye's connection meanwhile
         for task in tasks:
             task.cancel()

@@ -479,9 +479,9 @@ class Transport:
             return
         if self.keys is not None:
             msg.key = str(frames[1].get("User-Id") or "")  # set by our ZAP handler: the client's public key
-        if msg.type == GOODBYE:
-            self._goodbye(_origin(parts[0]), msg.sender)
         msg.origin = _origin(parts[0])
+        if msg.type == GOODBYE:
+            self._goodbye(msg.origin, msg.sender)
         self._spawn(self._handle(routing_id, msg))
 
     def closes_soon(self, host: str, sender: str) -> None:

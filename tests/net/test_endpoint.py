@@ -508,6 +508,16 @@ async def test_a_queued_ping_to_a_member_heard_from_meanwhile_is_not_sent(member
     assert started == ["quiet", "still-new"]
 
 
+async def test_a_stopped_member_leaves_the_queue_for_the_processs_pings(members: Make) -> None:
+    from p2pfed.net.endpoint import ping_slots
+
+    e = members("n0", options=dataclasses.replace(FAST, insecure=True))
+    await e.start("tcp://127.0.0.1:0")
+    ping_slots().wait(e)
+    await e.stop(leave=False)
+    assert e not in ping_slots().waiting
+
+
 async def test_word_that_a_live_member_is_dead_only_makes_the_others_probe_it(members: Make) -> None:
     # an open mesh cannot prove what one member says of another: a lie about n2 may cost a ping, never n2's entry
     _, (n0, n1, n2) = await start_mesh(members, 3)
