@@ -536,7 +536,11 @@ class Transport:
         except WireError as exc:  # the message parsed but broke a rule of its content (e.g. shapes)
             self.dropped += 1
             reason = cut(str(exc))
-            self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender, reason)
+            if isinstance(exc, TryLater):  # "not yet" (a model asked for before it is kept): no fault of anyone's
+                log.debug("%s: %s from %s answered not yet: %s", self.name, msg.type, msg.sender, reason)
+            else:
+                self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender,
+                                      reason)
             reply = self._ack(msg.id, reason, retry=isinstance(exc, TryLater))
         except Exception as exc:
             self.refusals.emit(logging.ERROR, f"bug:{msg.sender}", "%s: handling %s from %s failed", self.name,

@@ -36,7 +36,7 @@ from p2pfed.net.waits import first_of
 from p2pfed.node.conduct import Conduct
 from p2pfed.node.local import LocalNode, NodeData
 from p2pfed.scenario.config import Scenario
-from p2pfed.wire import Message, ModelIn, NoteIn, WireError, check_tensors
+from p2pfed.wire import Message, ModelIn, NoteIn, TryLater, WireError, check_tensors
 from p2pfed.wire.messages import cut
 
 log = logging.getLogger(__name__)
@@ -217,8 +217,8 @@ class LearningNode(LocalNode):
     async def _on_request(self, msg: Message) -> Message | None:
         kind = msg.body["kind"]
         state = self.kept.get(kind)
-        if state is None:
-            raise WireError(f"{self.name} keeps no {kind} model")
+        if state is None:  # not yet, perhaps: a peer scoring a sample asks before this node trained its partial
+            raise TryLater(f"{self.name} keeps no {kind} model")
         return self.endpoint.message("model", {"kind": kind, "samples": self.samples, "meta": {}},
                                      self._outgoing(state))
 

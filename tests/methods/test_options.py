@@ -39,13 +39,14 @@ def test_every_key_of_the_former_tables_went_to_a_field_of_each_method_that_read
 # Every method's defaults, as the shared tables had them: the results of a scenario that sets nothing must not
 # move (a changed default changes every run that relies on it).
 DEFAULTS = {
-    # confidence, window, probe_every and fallback: new (the choice that keeps learning, beyond the paper)
+    # confidence, window, probe_every and fallback: new (the choice that keeps learning, beyond the paper);
+    # sample and all_pairs_up_to: new (scoring a sample in a mesh of more than 100, beyond the paper)
     "pfedlia-p2p": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
                     "selection": "ours", "confidence": 0.9, "window": 3, "margin": 0.1, "probe_every": 4,
-                    "fallback": True},
+                    "fallback": True, "sample": 16, "all_pairs_up_to": 100},
     "pfedlia-p2p-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
                           "selection": "paper", "confidence": 0.0, "window": 0, "margin": 0.1, "probe_every": 0,
-                          "fallback": False},
+                          "fallback": False, "sample": 0, "all_pairs_up_to": 100},
     "pfedlia-central": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "optics": "ours",
                         "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
     "pfedlia-central-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05,

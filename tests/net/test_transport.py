@@ -334,7 +334,8 @@ async def raw_reply(rogue: zmq.asyncio.Socket, msg: Message) -> Message:
 
 
 async def test_acknowledgements_say_yes_or_why_not_and_whether_to_retry(transports: Make,
-                                                                       rogue: zmq.asyncio.Socket) -> None:
+                                                                       rogue: zmq.asyncio.Socket,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
     async def judge(msg: Message) -> Message | None:
         reason = msg.body["meta"].get("refuse")
         if reason == "later":
@@ -364,6 +365,9 @@ async def test_acknowledgements_say_yes_or_why_not_and_whether_to_retry(transpor
         await sender.request(receiver.address, asked[2], timeout=5)
     assert (never.value.reason, never.value.retry) == ("not this model", False)
     assert receiver.dropped == 4  # each refusal counted (a failing handler's bug is not a drop)
+    # a refusal is a warning; "not yet" is the normal course of things (a model asked for before it is kept)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("not this model" in w for w in warned) and not any("try again" in w for w in warned)
 
 
 async def test_a_request_that_breaks_the_schema_is_refused_at_once_with_the_reason(

@@ -52,6 +52,12 @@ class P2POptions(InfluenceOptions):
     margin: float = 0.1
     probe_every: int = 4  # rounds between probes of a peer the node has not chosen (a late joiner first); 0: none
     fallback: bool = True  # keep a local track and go back to it when collaboration does worse
+    # In a mesh of more members than all_pairs_up_to a node scores a sample of its peers, not all of them: about
+    # `sample` peers drawn at random in the influence phase, then each round up to `sample` more, those its
+    # chosen peers chose first (friends of friends), until it has chosen `sample` peers (p2p.py). 0: all pairs
+    # whatever the mesh's size, as the paper does.
+    sample: int = 16
+    all_pairs_up_to: int = 100
 
     def validate(self, where: str) -> None:
         super().validate(where)
@@ -70,6 +76,9 @@ class P2POptions(InfluenceOptions):
         if self.selection not in SELECTION_RULES:
             raise ConfigError(f"{where}selection must be one of {', '.join(SELECTION_RULES)} (got "
                               f"{self.selection!r})")
+        if not 0 <= self.sample <= 1000 or not 1 <= self.all_pairs_up_to <= 1_000_000:
+            raise ConfigError(f"{where}sample must be in 0..1000 and all_pairs_up_to in 1..1000000 (got "
+                              f"{self.sample}, {self.all_pairs_up_to})")
 
 
 @dataclass(frozen=True)
@@ -82,9 +91,10 @@ class PaperP2POptions(P2POptions):
     window: int = 0  # the paper chooses once
     probe_every: int = 0
     fallback: bool = False
+    sample: int = 0  # the paper scores every peer
     base: ClassVar[str] = "pfedlia-p2p"
     own: ClassVar[frozenset[str]] = frozenset({"selection", "confidence", "window", "margin", "probe_every",
-                                               "fallback"})
+                                               "fallback", "sample"})
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,28 @@ the rest of the run. So the choice keeps learning, from the models the node rece
 The verdicts on round r's models are drawn as round r+1 starts (a method's aggregate is not awaited: the
 scoring runs in a worker thread then, as the influence phase's does). Any change of the chosen peers
 starts every window afresh: a peer's effect is measured against the group it is averaged with.
+
+Also beyond the paper, for large meshes: all pairs cost N² partial models and N² "choices" notes. In a mesh of
+more than ``all_pairs_up_to`` members a node scores a sample instead (``sample``, s):
+- In the influence phase it fetches the partial models (kept by every node, as for late joiners) of the peers
+  a shared draw pairs it with: a pair of nodes is drawn with probability s/N, the same on both sides, so two
+  nodes score each other or neither, and so choose each other when alike: clusters are groups of mutual
+  choices (report/results.py).
+- It tells only the peers it names (now or before) of its choice. Whom a chosen peer chose is a recommendation
+  (friends of friends, likely of the same cluster), and so is the chooser itself: it may not have been drawn
+  with this node.
+- Each round after the phase it scores up to s more peers, the most recommended first (a random draw when none
+  is recommended), and chooses again from every score so far (the same w0 and the same partial models, so the
+  scores add up to the vector all pairs would give, one part at a time). A node that has chosen nobody draws
+  s peers at random instead, up to 2·s in all. It stops when it has chosen s peers or has scored 6·s: O(N·s)
+  partial models over the mesh, not N². A peer that chose it is scored in any case, so that a choice can be
+  mutual (one made after a random draw, which its chooser's draw may not have held).
+A peer newly chosen is not waited for in that round: it may send its model before it hears it was chosen.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, ClassVar
 
@@ -47,13 +65,17 @@ from torch import nn
 from p2pfed.influence.evidence import Estimate, Window, estimate, paired_differences
 from p2pfed.influence.lazy_influence import sample_losses, score_peers
 from p2pfed.influence.selection import select_peers
-from p2pfed.methods.base import Method, PeerContext, group_average, shared_number
+from p2pfed.methods.base import Method, PeerContext, group_average, shared_number, shared_rng
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
 from p2pfed.wire import ModelIn
 
 log = logging.getLogger(__name__)
 
 LOCAL = ""  # the key of the local track's comparison (no peer is named "")
+SCORED_PER_SAMPLE = 4  # a sampling node scores at most this many times `sample` peers (but its choosers)
+RANDOM_PER_SAMPLE = 2  # of which drawn at random after the phase's draw, at most this many times `sample`
+RECOMMENDED_KEPT = 1024  # recommendations kept at most (they come in peers' notes)
+FETCH_RETRY = (0.25, 2.0)  # the first and the longest wait before asking again for a partial not yet kept
 
 
 class PFedLIAP2P(Method):
@@ -80,6 +102,16 @@ class PFedLIAP2P(Method):
         self.windows: dict[str, Window] = {}  # a chosen or watched peer's evidence, and LOCAL's
         self.last: tuple[ModelIn | None, dict[str, ModelIn], dict[str, ModelIn]] | None = None
         self.scale = 1.0  # w0's mean validation loss: what margin is a share of
+        # scoring a sample (a mesh of more than all_pairs_up_to members; see the module's text)
+        self.sampling = False
+        self.expanding = False  # still scoring more peers, a step each round
+        self.estimates: dict[str, Estimate] = {}  # every peer scored, with its bounds
+        self.tried: set[str] = set()  # every peer whose partial model was asked for
+        self.randomly = 0  # peers drawn at random by the search after the phase
+        self.recommended: dict[str, int] = {}  # a peer not scored: how many chosen peers named it
+        self.added: set[str] = set()  # peers chosen by a probe: kept when the choice is made again
+        self.audience: set[str] = set()  # sampling: every peer a choice of this node named (so told since)
+        self.since: dict[str, int] = {}  # sampling: a peer newly chosen, the round it was
 
     @property
     def chosen_scores(self) -> dict[str, float]:
@@ -107,9 +139,9 @@ class PFedLIAP2P(Method):
         return self.choosers & set(self.node.live_peers())
 
     def expected(self, rnd: int) -> set[str]:
-        """The sources that take part, but a peer watched from this round on: it may have sent this round's
-        model before it heard it was watched, and is not waited for."""
-        return {p for p in super().expected(rnd) if self.watched.get(p) != rnd}
+        """The sources that take part, but a peer watched (or, sampling, chosen) from this round on: it may have
+        sent this round's model before it heard, and is not waited for."""
+        return {p for p in super().expected(rnd) if self.watched.get(p) != rnd and self.since.get(p) != rnd}
 
     def accepts(self, kind: str, sender: str, rnd: int) -> bool:
         """Partial models only in the influence phase (round W, before choosing), from live peers."""
@@ -123,6 +155,11 @@ class PFedLIAP2P(Method):
         named this node, send it this node's models from now on. A choice of a past round still holds."""
         if self.node.name in values:
             self.choosers.add(sender)
+            # whom it chose, and itself, are likely of this node's cluster: worth scoring (sampling)
+            for peer in (sender, *values):
+                if peer != self.node.name and peer not in self.tried and (
+                        peer in self.recommended or len(self.recommended) < RECOMMENDED_KEPT):
+                    self.recommended[peer] = self.recommended.get(peer, 0) + 1
         else:
             self.choosers.discard(sender)
 
@@ -132,9 +169,15 @@ class PFedLIAP2P(Method):
         if self.chosen is not None:
             if self.keeps_learning:
                 await self.review(rnd)
+            if self.sampling:
+                await self.expand(rnd)
             return
+        self.sampling = self.options.sample > 0 and len(self.node.members()) > self.options.all_pairs_up_to
         if rnd > self.options.warmup_rounds:
             await self.join_late()
+            return
+        if self.sampling:
+            await self.sample_phase(rnd)
             return
         peers = set(self.node.live_peers())
         partial = await self.train_partial()
@@ -163,7 +206,8 @@ class PFedLIAP2P(Method):
             return
         self.node.load_state(w0)
         partials = {}
-        for peer in peers:
+        for peer in (self.paired() if self.sampling else peers):
+            self.tried.add(peer)
             state = await self.node.fetch(peer, "partial")
             if state is not None:
                 partials[peer] = state
@@ -200,7 +244,11 @@ class PFedLIAP2P(Method):
                 for i, n in enumerate(names)}
 
     async def choose(self, scored: dict[str, Estimate]) -> None:
-        """Select peers from scores, remember and announce the choice."""
+        """Select peers from scores, remember and announce the choice (a choice made again, as a sampling node
+        does with more scores, only if it changed)."""
+        before = set(self.chosen) if self.chosen is not None else None
+        new = set(scored) - set(self.estimates)
+        self.estimates = dict(scored)
         scores = {p: e.mean for p, e in scored.items()}
         lower = {p: e.lower for p, e in scored.items()} if self.options.confidence > 0 else None
         # Chosen only if it lowers w0's loss beyond uncertainty by more than margin of what the most helpful peer
@@ -212,14 +260,97 @@ class PFedLIAP2P(Method):
         # gain beyond uncertainty: on a trained aggregate the gains are small.)
         best = max([e.mean for e in scored.values()], default=0.0)
         floor = {p: b - self.options.margin * max(best, 0.0) for p, b in lower.items()} if lower is not None else None
-        chosen = select_peers(scores, self.options.gap, self.options.selection, floor)
-        self.chosen = set(chosen)
+        chosen = select_peers({p: v for p, v in scores.items() if p not in self.dropped}, self.options.gap,
+                              self.options.selection, floor)
+        self.chosen = set(chosen) | (self.added - self.dropped)
         self.scores = scores
-        self.looked.update(dict.fromkeys(scores, self.node.round))
+        self.looked.update(dict.fromkeys(new, self.node.round))
+        if self.sampling:
+            self.since.update(dict.fromkeys(self.chosen - (before or set()), self.node.round))
+            self.expanding = len(self.tried) < SCORED_PER_SAMPLE * self.options.sample
+        if before == self.chosen:
+            return
         self.start_local()
         fields: dict[str, Any] = {"lower": lower} if lower is not None else {}
-        self.node.record("choice", scores=scores, chosen=sorted(chosen), **fields)  # what the report reads
-        await self.node.send_note(self.node.live_peers(), "choices", self.told())
+        fields.update({"dropped": sorted(self.dropped), "why": "sampled"} if before is not None else {})
+        self.node.record("choice", scores=scores, chosen=sorted(self.chosen), **fields)  # what the report reads
+        await self.announce()
+
+    async def announce(self) -> None:
+        """Tell peers whom this node chose (and watches): every live peer, or, sampling, the peers it names now
+        or named before (the others never heard they were chosen)."""
+        told = self.told()
+        if not self.sampling:
+            await self.node.send_note(self.node.live_peers(), "choices", told)
+            return
+        self.audience |= set(told)
+        live = set(self.node.live_peers())
+        await self.node.send_note(sorted(self.audience & live), "choices", told)
+
+    # -- scoring a sample (a large mesh; beyond the paper) ---------------------------------------------
+    def paired(self) -> list[str]:
+        """The live peers a shared draw pairs this node with for scoring: each pair with probability
+        sample / members, the same draw on both sides (they may count the members a little differently)."""
+        me, members = self.node.name, max(len(self.node.members()), 1)
+        return [p for p in self.node.live_peers() if p != me
+                and shared_number(self.node.seed, "lia-pair", *sorted((me, p))) % members < self.options.sample]
+
+    async def fetch_partials(self, peers: list[str], patience: float) -> dict[str, dict[str, torch.Tensor]]:
+        """The partial models of peers, fetched together; a peer that keeps none yet (it is still training it) is
+        asked again, waiting longer each time, for up to patience seconds."""
+        self.tried.update(peers)
+        got: dict[str, dict[str, torch.Tensor]] = {}
+        wait, deadline = FETCH_RETRY[0], asyncio.get_running_loop().time() + patience
+        while True:
+            missing = [p for p in peers if p not in got and p in set(self.node.live_peers())]
+            states = await asyncio.gather(*(self.node.fetch(p, "partial") for p in missing))
+            got.update({p: s for p, s in zip(missing, states, strict=True) if s is not None})
+            if len(got) == len(peers) or asyncio.get_running_loop().time() + wait > deadline:
+                return got
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, FETCH_RETRY[1])
+
+    async def sample_phase(self, rnd: int) -> None:
+        """The influence phase on a sample: train the partial model (kept for peers to fetch), fetch the paired
+        peers' partial models, score them, choose, tell the chosen."""
+        await self.train_partial()
+        sample = self.paired()
+        partials = await self.fetch_partials(sample, self.node.cfg.round_timeout)
+        await self.choose(await self.score(partials))
+        log.info("%s: lazy influence of %d of %d sampled peers; chose %d: %s", self.node.name, len(partials),
+                 len(sample), len(self.chosen or ()), ", ".join(sorted(self.chosen or ())))
+
+    async def expand(self, rnd: int) -> None:
+        """One step of a sampling node's search: score the peers that chose it and it has not scored (so a choice
+        can be mutual), then, while it searches, up to sample peers not scored yet, the most recommended first (a
+        random draw when none is and it has chosen nobody, up to RANDOM_PER_SAMPLE·sample peers in all: a chosen
+        peer scores it back and, choosing it, names its own choice); choose again from every score."""
+        assert self.chosen is not None
+        live = set(self.node.live_peers())
+        callers = sorted((self.choosers & live) - self.tried)
+        step: list[str] = []
+        if self.expanding:
+            fresh = {p: n for p, n in self.recommended.items() if p in live and p not in self.tried
+                     and p not in callers}
+            step = sorted(fresh, key=lambda p: (-fresh[p], shared_number(self.node.seed, self.node.name, p)))
+            step = step[:min(self.options.sample, max(SCORED_PER_SAMPLE * self.options.sample - len(self.tried), 0))]
+            self.recommended = {p: n for p, n in self.recommended.items() if p not in step}
+            if not step and self.randomly < RANDOM_PER_SAMPLE * self.options.sample:
+                rest = sorted(live - self.tried - {self.node.name})
+                rng = shared_rng(self.node.seed, self.node.name, "lia-step", rnd)
+                step = [rest[i] for i in sorted(rng.permutation(len(rest))[:self.options.sample])]
+                self.randomly += len(step)
+        if not step:
+            self.expanding = False  # nothing recommended, the random draws spent: the search has run its course
+        if not callers and not step:
+            return
+        partials = await self.fetch_partials(callers + step, 0.0)
+        before = set(self.chosen)
+        await self.choose({**self.estimates, **await self.score(partials)})
+        if self.chosen != before:
+            self.windows = {}  # a peer's effect is measured against the group it is averaged with
+        log.info("%s: round %d: scored %d more peers (%d in all); chose %d%s", self.node.name, rnd, len(partials),
+                 len(self.estimates), len(self.chosen), "" if self.expanding else "; search ended")
 
     # -- the choice that keeps learning (beyond the paper) -------------------------------------------
     def start_local(self) -> None:
@@ -259,7 +390,7 @@ class PFedLIAP2P(Method):
                 self.windows = {k: w for k, w in self.windows.items() if k in self.chosen or k in self.watched
                                 or k == LOCAL}
             self.start_local()
-            await self.node.send_note(self.node.live_peers(), "choices", self.told())
+            await self.announce()
 
     async def weigh(self, own: ModelIn | None, group: dict[str, ModelIn], watched: dict[str, ModelIn]) -> None:
         """Add the last round's evidence to the windows, from the node's validation split: for each chosen peer
@@ -321,6 +452,7 @@ class PFedLIAP2P(Method):
                 self.looked[peer] = rnd
                 if e.helps:
                     self.chosen.add(peer)
+                    self.added.add(peer)
                     self.refused.pop(peer, None)
                 else:
                     self.refused[peer] = self.refused.get(peer, 0) + 1
@@ -340,6 +472,7 @@ class PFedLIAP2P(Method):
         hurting = {p: e for p, w in evidence.items() if self.harmful(e := w.estimate(level))}
         for peer, e in hurting.items():
             self.chosen.discard(peer)
+            self.added.discard(peer)
             self.note_change(rnd, "dropped", peer, e)
         return hurting
 
@@ -356,6 +489,8 @@ class PFedLIAP2P(Method):
         assert self.local is not None and self.chosen is not None
         self.node.load_state(self.local.state_dict())
         self.chosen.clear()
+        self.added.clear()
+        self.expanding = False  # alone now; probes may still find a peer that helps
         self.released.update(dict.fromkeys(dropped, rnd))
         self.dropped.update(dropped)
         log.warning("%s: round %d: averaging with %s did worse than training alone (validation loss %+.3g, upper "
@@ -416,7 +551,12 @@ class PFedLIAP2P(Method):
         return {"chosen": sorted(self.chosen) if self.chosen is not None else None,
                 "choosers": sorted(self.choosers), "chosen_scores": self.chosen_scores,
                 "watched": dict(self.watched), "scores": self.scores, "looked": dict(self.looked),
-                "refused": dict(self.refused), "scale": self.scale, "dropped": sorted(self.dropped)}
+                "refused": dict(self.refused), "scale": self.scale, "dropped": sorted(self.dropped),
+                "sampling": self.sampling, "expanding": self.expanding, "tried": sorted(self.tried),
+                "randomly": self.randomly,
+                "estimates": {p: [e.mean, e.lower, e.upper, e.samples] for p, e in self.estimates.items()},
+                "added": sorted(self.added), "audience": sorted(self.audience),
+                "recommended": dict(self.recommended)}
 
     def restore(self, state: dict[str, Any]) -> None:
         chosen = state.get("chosen")
@@ -429,6 +569,14 @@ class PFedLIAP2P(Method):
         self.refused = {str(p): int(n) for p, n in state.get("refused", {}).items()}
         self.scale = float(state.get("scale", 1.0))
         self.dropped = {str(p) for p in state.get("dropped", [])}
+        self.sampling, self.expanding = bool(state.get("sampling", False)), bool(state.get("expanding", False))
+        self.tried = {str(p) for p in state.get("tried", [])}
+        self.randomly = int(state.get("randomly", 0))
+        self.estimates = {str(p): Estimate(float(m), float(lo), float(hi), int(n))
+                          for p, (m, lo, hi, n) in state.get("estimates", {}).items()}
+        self.added = {str(p) for p in state.get("added", [])}
+        self.audience = {str(p) for p in state.get("audience", [])}
+        self.recommended = {str(p): int(n) for p, n in state.get("recommended", {}).items()}
         if self.chosen is not None:
             self.start_local()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -33,6 +34,9 @@ class FakeNode:
 
     def live_peers(self) -> list[str]:
         return sorted(self.peers)
+
+    def members(self) -> list[str]:
+        return sorted([*self.peers, self.name])
 
     def true_cluster_of(self, name: str) -> int:
         return -1
@@ -183,3 +187,89 @@ async def test_the_lazy_influence_of_partial_models_is_scored_from_the_kept_w0_o
     ours = await PFedLIAP2P(node, P2POptions()).score(partials)  # the same means, and their bounds
     assert list(ours) == ["a", "b", "c"] and [e.mean for e in ours.values()] == pytest.approx(expected, abs=1e-6)
     assert all(e.lower < e.mean < e.upper and e.samples == 20 for e in ours.values())
+
+
+class MeshNode(FakeNode):
+    """A FakeNode among others of a test's mesh: notes reach the other nodes' methods, a fetch gets a peer's
+    partial model once that peer has kept one."""
+
+    def __init__(self, name: str, mesh: dict[str, MeshNode], scores: dict[str, float]) -> None:
+        super().__init__(name, [], scores, {})
+        self.mesh = mesh
+        self.method: PFedLIAP2P | None = None
+        self.notes_sent = 0
+        self.cfg = type("Cfg", (), {"round_timeout": 10.0})()
+
+    def live_peers(self) -> list[str]:
+        return sorted(p for p in self.mesh if p != self.name)
+
+    def members(self) -> list[str]:
+        return sorted(self.mesh)
+
+    async def fetch(self, peer: str, kind: str) -> dict[str, torch.Tensor] | None:
+        self.fetched.append((peer, kind))
+        return self.mesh[peer].kept.get(kind)
+
+    async def send_note(self, to: list[str], kind: str, values: dict[str, float]) -> int:
+        self.notes_sent += len(to)
+        for peer in to:
+            method = self.mesh[peer].method
+            assert method is not None
+            method.on_note(kind, self.name, self.round, values)
+        return len(to)
+
+
+async def test_a_large_mesh_scores_a_sample_then_friends_of_friends_and_finds_the_clusters_at_o_n_s_transfers(
+) -> None:
+    """60 nodes in 4 clusters of 15, sampling above 20 members, 5 peers a step: each node scores about 5 peers
+    drawn with it, then those its chosen peers chose; it ends having chosen 5 or more peers of its own cluster
+    and none of another, the groups of mutual choices are the true clusters, and no node asked for more than 4·5
+    partial models (all pairs: 59 each) but for those that chose it."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from p2pfed.influence.selection import mutual_clusters
+
+    n, clusters, s = 60, 4, 5
+    true = {f"n{i:02d}": i % clusters for i in range(n)}
+    mesh: dict[str, MeshNode] = {}
+    for name in true:
+        scores = {p: (2.0 if true[p] == true[name] else -2.0) + 0.01 * int(p[1:]) for p in true if p != name}
+        mesh[name] = MeshNode(name, mesh, scores)
+    options = P2POptions(warmup_rounds=1, sample=s, all_pairs_up_to=20, probe_every=0, fallback=False)
+    for node in mesh.values():
+        node.method = ScoredPFedLIA(node, options)
+    methods = {name: node.method for name, node in mesh.items()}
+    # the draw pairs nodes both ways
+    paired = {name: set(m.paired()) for name, m in methods.items() if m is not None}
+    assert all(a in paired[b] for a in paired for b in paired[a])
+    assert 2 <= sum(map(len, paired.values())) / n <= 2 * s
+    for rnd in range(1, 12):  # the nodes' rounds run together, as in a mesh
+        for node in mesh.values():
+            node.round = rnd
+        await asyncio.gather(*(m.before_round(rnd) for m in methods.values() if m is not None))
+        if rnd == 1:  # no partial pushed to every peer; those asked for before they were kept were asked again
+            assert all(m is not None and m.sampling and mesh[p].sent == [] for p, m in methods.items())
+    for name, method in methods.items():
+        assert method is not None and not method.expanding
+        assert {true[p] for p in method.chosen or ()} == {true[name]} and len(method.chosen or ()) >= s, name
+        callers = set(method.choosers)
+        assert len({p for p, k in mesh[name].fetched if k == "partial"} - callers) <= 4 * s
+    found = mutual_clusters({name: sorted(m.chosen or ()) for name, m in methods.items() if m is not None})
+    assert adjusted_rand_score([true[p] for p in sorted(true)], [found[p] for p in sorted(true)]) == 1.0
+    assert len({(name, p) for name, node in mesh.items() for p, _ in node.fetched}) < n * (n - 1) / 2
+    # a node's choice reached the peers it named, not the whole mesh (all pairs: each tells every peer)
+    assert sum(node.notes_sent for node in mesh.values()) < n * (n - 1)
+
+
+async def test_a_sampling_nodes_newly_chosen_peer_is_not_waited_for_in_the_round_it_was_chosen() -> None:
+    node = FakeNode("me", [f"p{i}" for i in range(30)], {f"p{i}": 1.0 for i in range(30)},
+                    {f"p{i}": {"partial"} for i in range(30)})
+    node.members = lambda: sorted([*node.peers, "me"])  # type: ignore[method-assign]
+    node.drawn = lambda name, rnd: True  # type: ignore[attr-defined]
+    node.cfg = type("Cfg", (), {"round_timeout": 1.0})()  # type: ignore[attr-defined]
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=0, sample=10, all_pairs_up_to=20, probe_every=0,
+                                            fallback=False))
+    await method.before_round(0)
+    assert method.sampling and method.chosen and method.chosen <= set(method.paired())
+    assert method.expected(0) == set() and method.expected(1) == method.chosen  # told by then
+    assert node.announced == [(sorted(method.chosen), sorted(method.chosen))]  # told: only the peers it chose

@@ -57,6 +57,9 @@ class Node:
     def live_peers(self) -> list[str]:
         return sorted(self.peers)
 
+    def members(self) -> list[str]:
+        return sorted([*self.peers, self.name])
+
     def drawn(self, name: str, rnd: int) -> bool:
         return True  # everyone trains every round
 
