@@ -10,7 +10,9 @@ Delivery rules (docs/design.md, "no silent loss"):
 - ZMQ_MAXMSGSIZE caps what a peer may send; a larger message disconnects that peer (a socket monitor logs
   inbound connections that close, with the peer's address, a few lines per address and window).
 - Bounded cost per sender: at most ``max_dealers`` outgoing connections (the idle one scored lowest by
-  ``keep_scores``, else the least recently used, is closed for a new one), inbound messages decoded at
+  ``keep_scores``, else the least recently used, is closed for a new one), and the members of one process
+  (one event loop) together at most what its open-files limit allows (``connection_budget``: the loop's least
+  recently used idle connection, whoever's, is closed for a new one), inbound messages decoded at
   most ``rate`` per second per connection (the rest are dropped undecoded), the receive loop yields to the
   event loop every few messages so heartbeats keep their period under a flood and survives any error of
   one message, and refusals are logged a few lines per sender and window, each echoing ~200 characters.
@@ -25,6 +27,7 @@ import logging
 import resource
 import socket
 import typing
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -104,6 +107,77 @@ class TransportOptions:
 # A lane is a second connection to the same address, keyed apart from the first: a probe's ping travels on its own
 # lane so that it never queues behind a large model on the way to the same peer (its delay would read as silence).
 PROBE_LANE = "probe "  # the prefix of the probe lane's key (no address holds a space)
+
+
+# Every member of a process opens its connections from the process's one limit of open files: past it, the next
+# socket of any member fails ("Too many open files") whatever its own max_dealers says. So the connections of a
+# loop's members are capped together, from that limit (read when a connection opens: a run may raise it).
+FILES_PER_CONNECTION = 3  # a connection between two members of one process: the dealer's socket, both TCP ends
+FILES_KEPT = 1024  # left to all else: routers, monitors, contexts' threads, handshake watches, checkpoints, logs
+
+
+def connection_budget() -> int:
+    """The outgoing connections the members of this process may hold together."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(64, (soft - FILES_KEPT) // FILES_PER_CONNECTION)
+
+
+class _Connections:
+    """The outgoing connections of one event loop's transports (a process's members), least recently used
+    first. A member about to open one past the budget closes the loop's least recently used idle connection
+    first, whoever's: a connection closed is opened again when next needed (a handshake), where a socket past
+    the limit fails its send. (Per loop, not per process: a connection is closed only by its own loop.)"""
+
+    def __init__(self) -> None:
+        self.lru: OrderedDict[tuple[int, str], weakref.ref[Transport]] = OrderedDict()
+
+    def used(self, transport: Transport, key: str) -> None:
+        entry = (id(transport), key)
+        if entry in self.lru:
+            self.lru.move_to_end(entry)
+        else:
+            self.lru[entry] = weakref.ref(transport)
+
+    def closed(self, transport: Transport, key: str) -> None:
+        self.lru.pop((id(transport), key), None)
+
+    def make_room(self) -> None:
+        """Close the least recently used idle connection of the loop if the budget is spent; raise DeliveryError
+        when every connection is busy."""
+        most = connection_budget()
+        if len(self.lru) < most:
+            return
+        stale, victim = [], None
+        for entry, ref in self.lru.items():
+            owner = ref()
+            if owner is None or owner.closed or entry[1] not in owner.dealers:
+                stale.append(entry)  # a transport gone, or closed without forgetting (close clears its own)
+            elif not owner.in_flight.get(entry[1]):
+                victim = owner, entry[1]
+                break
+        for entry in stale:
+            del self.lru[entry]
+        if victim is not None:
+            victim[0].forget(victim[1])
+        elif len(self.lru) >= most:
+            raise DeliveryError(f"this process's {most} connections (its open-files limit's share) are all busy")
+
+
+_connections: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Connections] = weakref.WeakKeyDictionary()
+
+
+def loop_connections() -> _Connections | None:
+    """The running loop's connections (None outside a loop: nothing to count)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    found = _connections.get(loop)
+    if found is None:
+        found = _connections[loop] = _Connections()
+    return found
 
 
 class Unanswered(DeliveryError):
@@ -207,8 +281,11 @@ class Transport:
         # Sockets first, then their monitors: a monitor closed while its socket lives blocks libzmq's I/O thread
         # at the socket's next event (a reconnect, a disconnect), and ctx.term() then waits for ever. Monitors
         # are closed here, not by their tasks: a task cancelled before its first step never runs its finally.
-        for sock in self.dealers.values():
+        shared = loop_connections()
+        for key, sock in self.dealers.items():
             sock.close(linger=linger_ms)
+            if shared is not None:
+                shared.closed(self, key)
         if self.router is not None:
             self.router.close(linger=0)  # not disable_monitor(): it can block at this point
         for monitor in [*self.watches.values(), *([self.monitor] if self.monitor is not None else [])]:
@@ -236,8 +313,11 @@ class Transport:
         """The connection to address on lane ("" or PROBE_LANE), opened if there is none; it is keyed lane + address
         in dealers, in_flight and pending."""
         sock = self.dealers.get(lane + address)
+        shared = loop_connections()
         if sock is not None:
             self.dealers.move_to_end(lane + address)
+            if shared is not None:
+                shared.used(self, lane + address)
             return sock
         if self.closed:
             raise DeliveryError(f"{self.name}'s transport is closed")
@@ -250,6 +330,8 @@ class Transport:
                                     f"{clip(address, 80)}")
             scores = self.keep_scores() if self.keep_scores is not None else {}
             self.forget(min(idle, key=lambda a: scores.get(a, float("-inf"))))  # min: the first of equals (LRU)
+        if shared is not None:
+            shared.make_room()
         o = self.options
         sock = self._socket(zmq.DEALER, [
             (zmq.IMMEDIATE, 1), (zmq.LINGER, 0), (zmq.SNDHWM, o.sndhwm), (zmq.RCVHWM, o.rcvhwm),
@@ -266,6 +348,8 @@ class Transport:
                 reason = zmq.strerror(exc.errno) if exc.errno is not None else "refused by libzmq"
                 raise BadAddress(f"cannot connect to {clip(address, 80)}: {reason}") from None
         self.dealers[lane + address] = sock
+        if shared is not None:
+            shared.used(self, lane + address)
         # A reply on this connection comes from whoever holds server_key (CURVE checked it): that is its key.
         key = server_key.decode() if self.keys and server_key is not None else ""
         self.dealer_tasks[lane + address] = asyncio.get_running_loop().create_task(
@@ -277,6 +361,9 @@ class Transport:
         """Close the connection to address (a dead peer), freeing its queue; PROBE_LANE + address closes that
         address's probe lane."""
         sock = self.dealers.pop(address, None)
+        shared = loop_connections()
+        if sock is not None and shared is not None:
+            shared.closed(self, address)
         task = self.dealer_tasks.pop(address, None)
         watch = self.dealer_tasks.pop(f"watch:{address}", None)
         for t in (task, watch):

@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from p2pfed.net import security
+from p2pfed.net import transport as transport_module
 from p2pfed.net.transport import _MISMATCH, DeliveryError, Refusal, Transport, TransportOptions
 from p2pfed.wire import DEFAULT_LIMITS, Message, TryLater, WireError, check_tensors, decode, encode
 from p2pfed.wire.messages import clip, cut
@@ -948,6 +949,36 @@ async def test_the_idle_connection_to_the_peer_scored_lowest_goes_first_whatever
     sender.keep_scores = lambda: {one: 1.0, two: 5.0}  # but one's peer was heard from longest ago
     sender.send_nowait(three, heartbeat())
     assert list(sender.dealers) == [two, three]
+
+
+async def test_the_members_of_one_process_share_its_open_files_and_its_least_recently_used_idle_connection_goes(
+        transports: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two senders of one loop, four receivers, a budget of 4 connections for the loop: every request is
+    delivered, the loop never holds more than 4, and the oldest idle connection goes, whoever's it is. A busy
+    loop (every connection waiting for its reply) says so instead of opening a fifth."""
+    monkeypatch.setattr(transport_module, "connection_budget", lambda: 4)
+    receivers = [transports(f"r{i}") for i in range(4)]
+    senders = [transports(f"s{i}") for i in range(2)]
+    for _ in range(2):
+        for sender in senders:
+            for receiver in receivers:
+                reply = await sender.request(receiver.address, model(sender.name), timeout=5)
+                assert reply.body["ok"]
+                assert sum(len(t.dealers) for t in [*senders, *receivers]) <= 4
+    assert senders[0].dealers == {} and list(senders[1].dealers) == [r.address for r in receivers]
+    release = asyncio.Event()
+
+    async def slow(msg: Message) -> Message | None:
+        await release.wait()
+        return None
+
+    held = [transports(f"h{i}", slow) for i in range(4)]
+    busy = [asyncio.ensure_future(senders[0].request(h.address, model("s0"), timeout=5)) for h in held]
+    await wait_until(lambda: len(senders[0].in_flight) == 4, what="four requests in flight")
+    with pytest.raises(DeliveryError, match="this process's 4 connections .* are all busy"):
+        await senders[1].request(receivers[0].address, model("s1"), timeout=1)
+    release.set()
+    await asyncio.gather(*busy)
 
 
 async def test_an_unkeyed_members_messages_carry_no_key(transports: Make) -> None:

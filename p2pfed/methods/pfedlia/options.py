@@ -52,11 +52,11 @@ class P2POptions(InfluenceOptions):
     margin: float = 0.1
     probe_every: int = 4  # rounds between probes of a peer the node has not chosen (a late joiner first); 0: none
     fallback: bool = True  # keep a local track and go back to it when collaboration does worse
-    # In a mesh of more members than all_pairs_up_to a node scores a sample of its peers, not all of them: about
-    # `sample` peers drawn at random in the influence phase, then each round up to `sample` more, those its
-    # chosen peers chose first (friends of friends), until it has chosen `sample` peers (p2p.py). 0: all pairs
-    # whatever the mesh's size, as the paper does.
+    # in a mesh of more than all_pairs_up_to members, a node scores about this many peers drawn at random in the
+    # influence phase, then each round up to as many more, those its chosen peers chose first, up to 4 times
+    # this many in all (p2p.py; beyond the paper); 0: all pairs whatever the mesh's size, as the paper does
     sample: int = 16
+    # the largest mesh (members a node knows of in the influence phase) in which every node scores every peer
     all_pairs_up_to: int = 100
 
     def validate(self, where: str) -> None:
