@@ -50,6 +50,10 @@ more than ``all_pairs_up_to`` members a node scores a sample instead (``sample``
   partial models over the mesh, not N². A peer that chose it is scored in any case, so that a choice can be
   mutual (one made after a random draw, which its chooser's draw may not have held).
 A peer newly chosen is not waited for in that round: it may send its model before it hears it was chosen.
+The warm-up, too, costs N² at that size (every participant sends its model to every node), so there each round's
+participants send theirs to WARMUP_AGGREGATORS nodes a shared draw names for the round; each of them averages
+what came (in one order, so they all hold the same average) and keeps it, and every other node fetches it from
+one of them as its next round starts: O(N) models a round, and every node still starts the phase from one w0.
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ LOCAL = ""  # the key of the local track's comparison (no peer is named "")
 SCORED_PER_SAMPLE = 4  # a sampling node scores at most this many times `sample` peers (but its choosers)
 RANDOM_PER_SAMPLE = 2  # of which drawn at random after the phase's draw, at most this many times `sample`
 RECOMMENDED_KEPT = 1024  # recommendations kept at most (they come in peers' notes)
-FETCH_RETRY = (0.25, 2.0)  # the first and the longest wait before asking again for a partial not yet kept
+FETCH_RETRY = (0.25, 2.0)  # the first and the longest wait before asking again for a model not yet kept
+WARMUP_AGGREGATORS = 3  # a large mesh's warm-up round: the nodes that average its participants' models
 
 
 class PFedLIAP2P(Method):
@@ -112,6 +117,7 @@ class PFedLIAP2P(Method):
         self.added: set[str] = set()  # peers chosen by a probe: kept when the choice is made again
         self.audience: set[str] = set()  # sampling: every peer a choice of this node named (so told since)
         self.since: dict[str, int] = {}  # sampling: a peer newly chosen, the round it was
+        self._aggregators: dict[tuple[int, int], list[str]] = {}  # (round, members) -> its warm-up aggregators
 
     @property
     def chosen_scores(self) -> dict[str, float]:
@@ -130,13 +136,49 @@ class PFedLIAP2P(Method):
     def sources(self, rnd: int) -> set[str]:
         live = set(self.node.live_peers())
         if self.chosen is None:
+            if self.large_warmup(rnd) and self.node.name not in self.aggregators(rnd):
+                return set()  # its round's average is fetched, not gathered
             return live
         return (self.chosen | set(self.watched)) & live
 
     def subscribers(self, rnd: int) -> set[str]:
         if self.chosen is None:
+            if self.large_warmup(rnd):
+                return (set(self.aggregators(rnd)) - {self.node.name}) & set(self.node.live_peers())
             return set(self.node.live_peers())
         return self.choosers & set(self.node.live_peers())
+
+    # -- the warm-up of a large mesh (beyond the paper; see the module's text) --------------------------
+    def large(self) -> bool:
+        """Whether the mesh is past all_pairs_up_to members (and the method samples at that size)."""
+        return self.options.sample > 0 and len(self.node.members()) > self.options.all_pairs_up_to
+
+    def large_warmup(self, rnd: int) -> bool:
+        return rnd < self.options.warmup_rounds and self.large()
+
+    def aggregators(self, rnd: int) -> list[str]:
+        """The nodes that average warm-up round rnd's models: a shared draw over every member, the same on every
+        node that knows the same members (a node's members differ only while the mesh forms)."""
+        members = self.node.members()
+        key = (rnd, len(members))  # members only grow: their count says whether they changed
+        if key not in self._aggregators:
+            seed = self.node.seed
+            self._aggregators = {key: sorted(members, key=lambda p: shared_number(seed, "warmup", rnd, p))[
+                :WARMUP_AGGREGATORS]}
+        return self._aggregators[key]
+
+    async def fetch_average(self, rnd: int) -> None:
+        """Take warm-up round rnd's average from one of its aggregators (asked again while they still gather it,
+        for up to a round's timeout); without one, the node goes on with its own model, and says so."""
+        kind = f"warmup-{rnd}"
+        if self.node.name in self.aggregators(rnd) and self.node.kept_model(kind) is not None:
+            return  # it made the average itself
+        got = await self.fetch_patiently(self.aggregators(rnd), kind, self.node.cfg.round_timeout, first=True)
+        if got:
+            self.node.load_state(next(iter(got.values())))
+        else:
+            log.warning("%s: no aggregator of warm-up round %d gave its average (%s); going on with this node's "
+                        "own model", self.node.name, rnd, ", ".join(self.aggregators(rnd)))
 
     def expected(self, rnd: int) -> set[str]:
         """The sources that take part, but a peer watched (or, sampling, chosen) from this round on: it may have
@@ -164,6 +206,8 @@ class PFedLIAP2P(Method):
             self.choosers.discard(sender)
 
     async def before_round(self, rnd: int) -> None:
+        if 0 < rnd <= self.options.warmup_rounds and self.chosen is None and self.large_warmup(rnd - 1):
+            await self.fetch_average(rnd - 1)
         if rnd < self.options.warmup_rounds:
             return
         if self.chosen is not None:
@@ -172,7 +216,7 @@ class PFedLIAP2P(Method):
             if self.sampling:
                 await self.expand(rnd)
             return
-        self.sampling = self.options.sample > 0 and len(self.node.members()) > self.options.all_pairs_up_to
+        self.sampling = self.large()
         if rnd > self.options.warmup_rounds:
             await self.join_late()
             return
@@ -299,13 +343,26 @@ class PFedLIAP2P(Method):
         """The partial models of peers, fetched together; a peer that keeps none yet (it is still training it) is
         asked again, waiting longer each time, for up to patience seconds."""
         self.tried.update(peers)
+        return await self.fetch_patiently(peers, "partial", patience)
+
+    async def fetch_patiently(self, peers: list[str], kind: str, patience: float, first: bool = False
+                              ) -> dict[str, dict[str, torch.Tensor]]:
+        """The models of kind the live ones of peers keep, asked of all together (first: of one at a time, in
+        order, until one gives it); those that keep none yet are asked again, waiting longer each time, for up to
+        patience seconds."""
         got: dict[str, dict[str, torch.Tensor]] = {}
         wait, deadline = FETCH_RETRY[0], asyncio.get_running_loop().time() + patience
         while True:
             missing = [p for p in peers if p not in got and p in set(self.node.live_peers())]
-            states = await asyncio.gather(*(self.node.fetch(p, "partial") for p in missing))
-            got.update({p: s for p, s in zip(missing, states, strict=True) if s is not None})
-            if len(got) == len(peers) or asyncio.get_running_loop().time() + wait > deadline:
+            if first:
+                for peer in missing:
+                    state = await self.node.fetch(peer, kind)
+                    if state is not None:
+                        return {peer: state}
+            else:
+                states = await asyncio.gather(*(self.node.fetch(p, kind) for p in missing))
+                got.update({p: s for p, s in zip(missing, states, strict=True) if s is not None})
+            if len(got) == len(peers) or not missing or asyncio.get_running_loop().time() + wait > deadline:
                 return got
             await asyncio.sleep(wait)
             wait = min(2 * wait, FETCH_RETRY[1])
@@ -369,7 +426,19 @@ class PFedLIAP2P(Method):
         return loss
 
     def aggregate(self, rnd: int, own: ModelIn | None, arrived: dict[str, ModelIn]) -> dict[str, torch.Tensor] | None:
-        """The average with the chosen peers' models (a watched peer's model is weighed, not averaged)."""
+        """The average with the chosen peers' models (a watched peer's model is weighed, not averaged). A large
+        mesh's warm-up aggregator averages the round's models in the order of their names (every aggregator the
+        same, to the bit) and keeps the average for the others to fetch."""
+        if self.chosen is None and self.large_warmup(rnd):
+            if self.node.name not in self.aggregators(rnd):
+                return None  # its model is the round's average, fetched as the next round starts
+            models = {**arrived, **({self.node.name: own} if own is not None else {})}
+            if not models:
+                return None
+            average = group_average(None, {p: m for p, m in models.items()})
+            if average is not None:
+                self.node.keep({f"warmup-{rnd}": average})
+            return average
         group = {p: m for p, m in arrived.items() if self.chosen is None or p in self.chosen}
         if self.chosen is not None and self.keeps_learning:
             self.last = (own, group, {p: m for p, m in arrived.items() if p in self.watched})

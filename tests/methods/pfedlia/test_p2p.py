@@ -221,7 +221,8 @@ class MeshNode(FakeNode):
 
 async def test_a_large_mesh_scores_a_sample_then_friends_of_friends_and_finds_the_clusters_at_o_n_s_transfers(
 ) -> None:
-    """60 nodes in 4 clusters of 15, sampling above 20 members, 5 peers a step: each node scores about 5 peers
+    """60 nodes in 4 clusters of 15, sampling above 20 members, 5 peers a step. The warm-up round's models go to
+    3 aggregators, whose average every other node fetches. Then each node scores about 5 peers
     drawn with it, then those its chosen peers chose; it ends having chosen 5 or more peers of its own cluster
     and none of another, the groups of mutual choices are the true clusters, and no node asked for more than 4·5
     partial models (all pairs: 59 each) but for those that chose it."""
@@ -243,12 +244,28 @@ async def test_a_large_mesh_scores_a_sample_then_friends_of_friends_and_finds_th
     paired = {name: set(m.paired()) for name, m in methods.items() if m is not None}
     assert all(a in paired[b] for a in paired for b in paired[a])
     assert 2 <= sum(map(len, paired.values())) / n <= 2 * s
+    # the warm-up round (0): each node sends its model only to the round's 3 aggregators, which average them
+    states = {name: {"w": torch.full((2,), float(i))} for i, name in enumerate(true)}
+    aggregators = methods["n00"].aggregators(0)  # type: ignore[union-attr]
+    assert len(aggregators) == 3 and all(m is not None and m.aggregators(0) == aggregators for m in methods.values())
+    for name, method in methods.items():
+        assert method is not None
+        assert method.subscribers(0) == set(aggregators) - {name}
+        assert method.sources(0) == (set(true) - {name} if name in aggregators else set())
+        arrived = {p: ModelIn(p, states[p], 1) for p in true if name in methods[p].subscribers(0)}  # type: ignore
+        averaged = method.aggregate(0, ModelIn(name, states[name], 1), arrived)
+        assert (averaged is None) == (name not in aggregators)
+    for node in mesh.values():
+        node.round = 1
     for rnd in range(1, 12):  # the nodes' rounds run together, as in a mesh
         for node in mesh.values():
             node.round = rnd
         await asyncio.gather(*(m.before_round(rnd) for m in methods.values() if m is not None))
         if rnd == 1:  # no partial pushed to every peer; those asked for before they were kept were asked again
             assert all(m is not None and m.sampling and mesh[p].sent == [] for p, m in methods.items())
+            # every node started the phase from the same w0: the warm-up round's average, made or fetched
+            assert all(node.loaded is not None and node.loaded["w"].tolist() == [29.5, 29.5]
+                       for name, node in mesh.items() if name not in aggregators)
     for name, method in methods.items():
         assert method is not None and not method.expanding
         assert {true[p] for p in method.chosen or ()} == {true[name]} and len(method.chosen or ()) >= s, name
