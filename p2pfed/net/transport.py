@@ -46,6 +46,7 @@ from p2pfed.wire import (
     SCHEMAS,
     Limits,
     Message,
+    NotKept,
     TryLater,
     WireError,
     decode,
@@ -135,9 +136,11 @@ class _Connections:
 
     def used(self, transport: Transport, key: str) -> None:
         entry = (id(transport), key)
-        if entry in self.lru:
+        ref = self.lru.get(entry)
+        if ref is not None and ref() is transport:
             self.lru.move_to_end(entry)
-        else:
+        else:  # new, or a transport gone whose id a new one has now
+            self.lru.pop(entry, None)
             self.lru[entry] = weakref.ref(transport)
 
     def closed(self, transport: Transport, key: str) -> None:
@@ -435,6 +438,7 @@ class Transport:
         """Send a small message that needs no reply, waiting up to timeout for its connection to open (a
         goodbye to a peer this member has not talked to yet); return False if it did not go."""
         frames = encode(msg)
+        self.in_flight[address] += 1  # not a connection to close for another's while this waits to go
         try:
             sock = self._dealer(address, server_key)
             async with asyncio.timeout(timeout):
@@ -447,6 +451,10 @@ class Transport:
             if task is not None and task.cancelling():
                 raise  # our caller cancelled us
             return False  # pyzmq cancels a pending send when its socket is closed (forget)
+        finally:
+            self.in_flight[address] -= 1
+            if not self.in_flight[address]:
+                del self.in_flight[address]
         self._count(msg.type, sum(memoryview(f).nbytes for f in frames))
         return True
 
@@ -623,7 +631,7 @@ class Transport:
         except WireError as exc:  # the message parsed but broke a rule of its content (e.g. shapes)
             self.dropped += 1
             reason = cut(str(exc))
-            if isinstance(exc, TryLater):  # "not yet" (a model asked for before it is kept): no fault of anyone's
+            if isinstance(exc, NotKept):  # "not yet" (a model asked for before it is kept): no fault of anyone's
                 log.debug("%s: %s from %s answered not yet: %s", self.name, msg.type, msg.sender, reason)
             else:
                 self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender,

@@ -53,6 +53,11 @@ class TryLater(WireError):
     """A message refused for now, not for good (its sender is told it may retry)."""
 
 
+class NotKept(TryLater):
+    """A request for a model the node does not keep (yet: a peer may ask before the model is trained), the normal
+    course of a pull, not a fault of anyone's."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Explicit bounds for decoding; generous for models, tight for everything else."""

@@ -21,7 +21,7 @@ import zmq.asyncio
 from p2pfed.net import security
 from p2pfed.net import transport as transport_module
 from p2pfed.net.transport import _MISMATCH, DeliveryError, Refusal, Transport, TransportOptions
-from p2pfed.wire import DEFAULT_LIMITS, Message, TryLater, WireError, check_tensors, decode, encode
+from p2pfed.wire import DEFAULT_LIMITS, Message, NotKept, TryLater, WireError, check_tensors, decode, encode
 from p2pfed.wire.messages import clip, cut
 from tests.conftest import Inbox
 from tests.helpers import free_port, wait_until
@@ -366,9 +366,17 @@ async def test_acknowledgements_say_yes_or_why_not_and_whether_to_retry(transpor
         await sender.request(receiver.address, asked[2], timeout=5)
     assert (never.value.reason, never.value.retry) == ("not this model", False)
     assert receiver.dropped == 4  # each refusal counted (a failing handler's bug is not a drop)
-    # a refusal is a warning; "not yet" is the normal course of things (a model asked for before it is kept)
+    # a refusal is a warning, but a model asked for before it is kept: the normal course of a pull
+    async def keeper(msg: Message) -> Message | None:
+        raise NotKept("b keeps no partial model")
+
+    other = transports("c", keeper)
+    with pytest.raises(Refusal) as not_yet:
+        await sender.request(other.address, asked[0], timeout=5)
+    assert not_yet.value.retry
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("not this model" in w for w in warned) and not any("try again" in w for w in warned)
+    assert any("not this model" in w for w in warned) and any("try again" in w for w in warned)
+    assert not any("keeps no" in w for w in warned)
 
 
 async def test_a_request_that_breaks_the_schema_is_refused_at_once_with_the_reason(
@@ -975,7 +983,7 @@ async def test_the_members_of_one_process_share_its_open_files_and_its_least_rec
     held = [transports(f"h{i}", slow) for i in range(4)]
     busy = [asyncio.ensure_future(senders[0].request(h.address, model("s0"), timeout=5)) for h in held]
     await wait_until(lambda: len(senders[0].in_flight) == 4, what="four requests in flight")
-    with pytest.raises(DeliveryError, match="this process's 4 connections .* are all busy"):
+    with pytest.raises(DeliveryError, match=r"this process's 4 connections .* are all busy"):
         await senders[1].request(receivers[0].address, model("s1"), timeout=1)
     release.set()
     await asyncio.gather(*busy)

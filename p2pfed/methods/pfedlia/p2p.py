@@ -43,17 +43,19 @@ more than ``all_pairs_up_to`` members a node scores a sample instead (``sample``
 - It tells only the peers it names (now or before) of its choice. Whom a chosen peer chose is a recommendation
   (friends of friends, likely of the same cluster), and so is the chooser itself: it may not have been drawn
   with this node.
-- Each round after the phase it scores up to s more peers, the most recommended first (a random draw when none
-  is recommended), and chooses again from every score so far (the same w0 and the same partial models, so the
-  scores add up to the vector all pairs would give, one part at a time). A node that has chosen nobody draws
-  s peers at random instead, up to 2·s in all. It stops when it has chosen s peers or has scored 6·s: O(N·s)
-  partial models over the mesh, not N². A peer that chose it is scored in any case, so that a choice can be
-  mutual (one made after a random draw, which its chooser's draw may not have held).
+- Each round after the phase it scores up to s more peers, the most recommended first (with none recommended,
+  s drawn at random, up to 2·s in all), and chooses again from every score so far (the same w0 and the same
+  partial models, so the scores add up to the vector all pairs would give, one part at a time). It stops when
+  nothing is recommended and its random draws are spent, or when it has scored 4·s: O(N·s) partial models over
+  the mesh, not N². A peer that chose it is scored in any case, so that a choice can be mutual (one made after
+  a random draw, which its chooser's draw may not have held).
 A peer newly chosen is not waited for in that round: it may send its model before it hears it was chosen.
 The warm-up, too, costs N² at that size (every participant sends its model to every node), so there each round's
 participants send theirs to WARMUP_AGGREGATORS nodes a shared draw names for the round; each of them averages
-what came (in one order, so they all hold the same average) and keeps it, and every other node fetches it from
-one of them as its next round starts: O(N) models a round, and every node still starts the phase from one w0.
+what came (in one order: those that received the same models hold the same average) and keeps it, and every
+other node fetches it from one of them as its next round starts: O(N) models a round, and every node still
+starts the phase from one w0. Whether the mesh is that large each node decides once, as it starts its first
+round (a scenario's nodes all start once they have all met), and keeps.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ log = logging.getLogger(__name__)
 LOCAL = ""  # the key of the local track's comparison (no peer is named "")
 SCORED_PER_SAMPLE = 4  # a sampling node scores at most this many times `sample` peers (but its choosers)
 RANDOM_PER_SAMPLE = 2  # of which drawn at random after the phase's draw, at most this many times `sample`
-RECOMMENDED_KEPT = 1024  # recommendations kept at most (they come in peers' notes)
+RECOMMENDED_KEPT = 1024  # recommendations kept at most (they come in peers' notes): the least named go first
 FETCH_RETRY = (0.25, 2.0)  # the first and the longest wait before asking again for a model not yet kept
 WARMUP_AGGREGATORS = 3  # a large mesh's warm-up round: the nodes that average its participants' models
 
@@ -118,6 +120,8 @@ class PFedLIAP2P(Method):
         self.audience: set[str] = set()  # sampling: every peer a choice of this node named (so told since)
         self.since: dict[str, int] = {}  # sampling: a peer newly chosen, the round it was
         self._aggregators: dict[tuple[int, int], list[str]] = {}  # (round, members) -> its warm-up aggregators
+        self.is_large: bool | None = None  # a mesh past all_pairs_up_to (None: not decided yet; see large)
+        self.alone = False  # fell back to its local track: no search chooses peers again (a probe still may)
 
     @property
     def chosen_scores(self) -> dict[str, float]:
@@ -150,7 +154,12 @@ class PFedLIAP2P(Method):
 
     # -- the warm-up of a large mesh (beyond the paper; see the module's text) --------------------------
     def large(self) -> bool:
-        """Whether the mesh is past all_pairs_up_to members (and the method samples at that size)."""
+        """Whether the mesh is past all_pairs_up_to members (and the method samples at that size): decided once, as
+        the node starts its first round (a scenario's nodes start once they have all met), and kept, so that no
+        node changes its way in the middle of the warm-up. Asked before (a peer's model come early), the members
+        known now say, and nothing is kept."""
+        if self.is_large is not None:
+            return self.is_large
         return self.options.sample > 0 and len(self.node.members()) > self.options.all_pairs_up_to
 
     def large_warmup(self, rnd: int) -> bool:
@@ -163,8 +172,10 @@ class PFedLIAP2P(Method):
         key = (rnd, len(members))  # members only grow: their count says whether they changed
         if key not in self._aggregators:
             seed = self.node.seed
-            self._aggregators = {key: sorted(members, key=lambda p: shared_number(seed, "warmup", rnd, p))[
-                :WARMUP_AGGREGATORS]}
+            if len(self._aggregators) >= 4:
+                self._aggregators.pop(next(iter(self._aggregators)))
+            self._aggregators[key] = sorted(members, key=lambda p: shared_number(seed, "warmup", rnd, p))[
+                :WARMUP_AGGREGATORS]
         return self._aggregators[key]
 
     async def fetch_average(self, rnd: int) -> None:
@@ -173,7 +184,12 @@ class PFedLIAP2P(Method):
         kind = f"warmup-{rnd}"
         if self.node.name in self.aggregators(rnd) and self.node.kept_model(kind) is not None:
             return  # it made the average itself
-        got = await self.fetch_patiently(self.aggregators(rnd), kind, self.node.cfg.round_timeout, first=True)
+        # each node asks them in an order of its own (one aggregator does not serve everyone), for twice a
+        # round's timeout: an aggregator waits up to one for a slow participant before it has the average
+        chosen = self.aggregators(rnd)
+        start = shared_number(self.node.seed, self.node.name, "warmup", rnd) % len(chosen)
+        order = chosen[start:] + chosen[:start]
+        got = await self.fetch_patiently(order, kind, 2 * self.node.cfg.round_timeout, first=True)
         if got:
             self.node.load_state(next(iter(got.values())))
         else:
@@ -192,20 +208,30 @@ class PFedLIAP2P(Method):
         # a peer dropped or no longer watched may have sent before it heard: taken (not averaged), not refused
         return super().accepts(kind, sender, rnd) or (kind == "model" and rnd <= self.released.get(sender, -3) + 2)
 
+    def recommend(self, peers: list[str]) -> None:
+        """Count peers named by a peer that chose this node, members it knows and has not scored only; past
+        RECOMMENDED_KEPT the least named go (a note of made-up names fills nothing for good)."""
+        known = set(self.node.members())
+        for peer in peers:
+            if peer != self.node.name and peer in known and peer not in self.tried:
+                self.recommended[peer] = self.recommended.get(peer, 0) + 1
+        if len(self.recommended) > RECOMMENDED_KEPT:
+            kept = sorted(self.recommended.items(), key=lambda kv: -kv[1])[:RECOMMENDED_KEPT]
+            self.recommended = dict(kept)
+
     def on_note(self, kind: str, sender: str, rnd: int, values: dict[str, float]) -> None:
         """A peer announced its choice ("choices": the peers it chose or watches, with their influence); if it
         named this node, send it this node's models from now on. A choice of a past round still holds."""
         if self.node.name in values:
             self.choosers.add(sender)
-            # whom it chose, and itself, are likely of this node's cluster: worth scoring (sampling)
-            for peer in (sender, *values):
-                if peer != self.node.name and peer not in self.tried and (
-                        peer in self.recommended or len(self.recommended) < RECOMMENDED_KEPT):
-                    self.recommended[peer] = self.recommended.get(peer, 0) + 1
+            if self.large():  # whom it chose, and itself, are likely of this node's cluster: worth scoring
+                self.recommend([sender, *values])
         else:
             self.choosers.discard(sender)
 
     async def before_round(self, rnd: int) -> None:
+        if self.is_large is None:
+            self.is_large = self.large()
         if 0 < rnd <= self.options.warmup_rounds and self.chosen is None and self.large_warmup(rnd - 1):
             await self.fetch_average(rnd - 1)
         if rnd < self.options.warmup_rounds:
@@ -213,7 +239,7 @@ class PFedLIAP2P(Method):
         if self.chosen is not None:
             if self.keeps_learning:
                 await self.review(rnd)
-            if self.sampling:
+            if self.sampling and not self.alone:
                 await self.expand(rnd)
             return
         self.sampling = self.large()
@@ -250,6 +276,7 @@ class PFedLIAP2P(Method):
             return
         self.node.load_state(w0)
         partials = {}
+        self.expanding = self.sampling
         for peer in (self.paired() if self.sampling else peers):
             self.tried.add(peer)
             state = await self.node.fetch(peer, "partial")
@@ -311,7 +338,10 @@ class PFedLIAP2P(Method):
         self.looked.update(dict.fromkeys(new, self.node.round))
         if self.sampling:
             self.since.update(dict.fromkeys(self.chosen - (before or set()), self.node.round))
-            self.expanding = len(self.tried) < SCORED_PER_SAMPLE * self.options.sample
+            if len(self.tried) >= SCORED_PER_SAMPLE * self.options.sample:
+                self.expanding = False
+        # a peer no longer chosen may have sent this round's model before it hears: taken, not refused
+        self.released.update(dict.fromkeys((before or set()) - self.chosen, self.node.round))
         if before == self.chosen:
             return
         self.start_local()
@@ -373,6 +403,7 @@ class PFedLIAP2P(Method):
         await self.train_partial()
         sample = self.paired()
         partials = await self.fetch_partials(sample, self.node.cfg.round_timeout)
+        self.expanding = True  # the search goes on each round (expand)
         await self.choose(await self.score(partials))
         log.info("%s: lazy influence of %d of %d sampled peers; chose %d: %s", self.node.name, len(partials),
                  len(sample), len(self.chosen or ()), ", ".join(sorted(self.chosen or ())))
@@ -391,7 +422,7 @@ class PFedLIAP2P(Method):
                      and p not in callers}
             step = sorted(fresh, key=lambda p: (-fresh[p], shared_number(self.node.seed, self.node.name, p)))
             step = step[:min(self.options.sample, max(SCORED_PER_SAMPLE * self.options.sample - len(self.tried), 0))]
-            self.recommended = {p: n for p, n in self.recommended.items() if p not in step}
+            self.recommended = {p: n for p, n in self.recommended.items() if p not in step and p not in self.tried}
             if not step and self.randomly < RANDOM_PER_SAMPLE * self.options.sample:
                 rest = sorted(live - self.tried - {self.node.name})
                 rng = shared_rng(self.node.seed, self.node.name, "lia-step", rnd)
@@ -559,7 +590,7 @@ class PFedLIAP2P(Method):
         self.node.load_state(self.local.state_dict())
         self.chosen.clear()
         self.added.clear()
-        self.expanding = False  # alone now; probes may still find a peer that helps
+        self.expanding, self.alone = False, True  # alone now; probes may still find a peer that helps
         self.released.update(dict.fromkeys(dropped, rnd))
         self.dropped.update(dropped)
         log.warning("%s: round %d: averaging with %s did worse than training alone (validation loss %+.3g, upper "
@@ -625,7 +656,8 @@ class PFedLIAP2P(Method):
                 "randomly": self.randomly,
                 "estimates": {p: [e.mean, e.lower, e.upper, e.samples] for p, e in self.estimates.items()},
                 "added": sorted(self.added), "audience": sorted(self.audience),
-                "recommended": dict(self.recommended)}
+                "recommended": dict(self.recommended), "since": dict(self.since), "large": self.is_large,
+                "alone": self.alone}
 
     def restore(self, state: dict[str, Any]) -> None:
         chosen = state.get("chosen")
@@ -646,6 +678,10 @@ class PFedLIAP2P(Method):
         self.added = {str(p) for p in state.get("added", [])}
         self.audience = {str(p) for p in state.get("audience", [])}
         self.recommended = {str(p): int(n) for p, n in state.get("recommended", {}).items()}
+        self.since = {str(p): int(r) for p, r in state.get("since", {}).items()}
+        large = state.get("large")
+        self.is_large = bool(large) if large is not None else None
+        self.alone = bool(state.get("alone", False))
         if self.chosen is not None:
             self.start_local()
 

@@ -290,3 +290,33 @@ async def test_a_sampling_nodes_newly_chosen_peer_is_not_waited_for_in_the_round
     assert method.sampling and method.chosen and method.chosen <= set(method.paired())
     assert method.expected(0) == set() and method.expected(1) == method.chosen  # told by then
     assert node.announced == [(sorted(method.chosen), sorted(method.chosen))]  # told: only the peers it chose
+
+
+async def test_recommendations_are_known_members_only_and_a_mesh_of_all_pairs_keeps_none() -> None:
+    peers = [f"p{i}" for i in range(30)]
+    node = FakeNode("me", peers, {}, {})
+    node.members = lambda: sorted([*node.peers, "me"])  # type: ignore[method-assign]
+    sampling = PFedLIAP2P(node, P2POptions(sample=4, all_pairs_up_to=10))
+    sampling.on_note("choices", "p1", 5, {"me": 1.0, "p2": 0.5, **{f"made-up-{i}": 0.1 for i in range(2000)}})
+    assert sampling.recommended == {"p1": 1, "p2": 1} and sampling.choosers == {"p1"}
+    small = PFedLIAP2P(node, P2POptions(sample=4, all_pairs_up_to=100))  # 31 members: all pairs
+    state = small.state()
+    small.on_note("choices", "p1", 5, {"me": 1.0, "p2": 0.5})
+    assert small.recommended == {} and {**small.state(), "choosers": []} == state  # only who chose it changed
+
+
+async def test_a_peer_left_out_when_a_sampling_node_chooses_again_may_still_send_that_rounds_model() -> None:
+    peers = [f"p{i}" for i in range(30)]
+    node = FakeNode("me", peers, {}, {})
+    node.members = lambda: sorted([*node.peers, "me"])  # type: ignore[method-assign]
+    method = PFedLIAP2P(node, P2POptions(sample=4, all_pairs_up_to=10, probe_every=0, fallback=False))
+    method.sampling = True
+    await method.choose({"p1": Estimate(2.0, 1.5, 2.5, 10), "p2": Estimate(1.9, 1.4, 2.4, 10),
+                         "p6": Estimate(-2.0, -2.5, -1.5, 10)})
+    assert method.chosen == {"p1", "p2"}
+    node.round = 7
+    # two far better peers found: the split now leaves p1 and p2 below it
+    await method.choose({**method.estimates, "p3": Estimate(10.0, 9.5, 10.5, 10), "p5": Estimate(10.1, 9.6, 10.6, 10)})
+    assert method.chosen == {"p3", "p5"} and method.since == {"p1": 0, "p2": 0, "p3": 7, "p5": 7}
+    assert method.accepts("model", "p1", 7) and method.accepts("model", "p2", 7)  # they may have sent already
+    assert not method.accepts("model", "p6", 7)
