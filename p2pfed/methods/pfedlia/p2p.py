@@ -656,8 +656,10 @@ class PFedLIAP2P(Method):
                 "randomly": self.randomly,
                 "estimates": {p: [e.mean, e.lower, e.upper, e.samples] for p, e in self.estimates.items()},
                 "added": sorted(self.added), "audience": sorted(self.audience),
-                "recommended": dict(self.recommended), "since": dict(self.since), "large": self.is_large,
-                "alone": self.alone}
+                "recommended": dict(self.recommended), "since": dict(self.since), "alone": self.alone,
+                # (said only of a large mesh: a state that changes as the first round starts is a decision, and the
+                # round loop checkpoints it; a mesh of all pairs decides nothing there)
+                **({"large": True} if self.is_large else {})}
 
     def restore(self, state: dict[str, Any]) -> None:
         chosen = state.get("chosen")
@@ -679,8 +681,7 @@ class PFedLIAP2P(Method):
         self.audience = {str(p) for p in state.get("audience", [])}
         self.recommended = {str(p): int(n) for p, n in state.get("recommended", {}).items()}
         self.since = {str(p): int(r) for p, r in state.get("since", {}).items()}
-        large = state.get("large")
-        self.is_large = bool(large) if large is not None else None
+        self.is_large = True if state.get("large") else None
         self.alone = bool(state.get("alone", False))
         if self.chosen is not None:
             self.start_local()

@@ -320,3 +320,14 @@ async def test_a_peer_left_out_when_a_sampling_node_chooses_again_may_still_send
     assert method.chosen == {"p3", "p5"} and method.since == {"p1": 0, "p2": 0, "p3": 7, "p5": 7}
     assert method.accepts("model", "p1", 7) and method.accepts("model", "p2", 7)  # they may have sent already
     assert not method.accepts("model", "p6", 7)
+
+
+async def test_a_mesh_of_all_pairs_decides_nothing_its_round_loop_would_checkpoint_in_a_warm_up_round() -> None:
+    """The round loop checkpoints a state changed by before_round as a decision: a warm-up round of a mesh of all
+    pairs changes none (a large mesh's changes once, as its first round starts: it decided to sample)."""
+    node = FakeNode("me", list(SCORES), SCORES, {})
+    node.members = lambda: sorted([*node.peers, "me"])  # type: ignore[method-assign]
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=2))
+    before = method.state()
+    await method.before_round(0)
+    assert method.state() == before and method.is_large is False
