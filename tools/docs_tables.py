@@ -170,9 +170,26 @@ def membership_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def sampling_table(figures: dict[str, Any]) -> str:
+    """benchmarks/sampling.py: pFedLIA-p2p scoring all pairs against a sample, per mesh size."""
+    rows = ["| N | scoring | ARI | own-cluster % | accuracy % | bottom-5 % | peers scored / node | MB sent / node | "
+            "seconds | peak MB | bytes × all | seconds × all |", "|---:|---|" + "---:|" * 10]
+    for r in figures["rows"]:
+        if "failed" in r:
+            rows.append(f"| {r['nodes']} | {r['form']} | {r['failed']} | | | | | | | | | |")
+            continue
+        ari = f"{r['ari']:.3f}" if r["ari"] is not None else "–"
+        versus = [f"{r[k]:.2f}" if k in r else "–" for k in ("bytes_vs_all", "seconds_vs_all")]
+        rows.append(f"| {r['nodes']} | {r['form']} | {ari} | {100 * (r['own_cluster_peers'] or 0):.1f} | "
+                    f"{100 * r['accuracy']:.2f} | {100 * r['bottom5_accuracy']:.2f} | {r['scored_per_node']:.1f} | "
+                    f"{r['bytes_per_node'] / 1e6:.2f} | {r['seconds']:.0f} | {r['peak_mb']:.0f} | "
+                    + " | ".join(versus) + " |")
+    return "\n".join(rows)
+
+
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
-    "membership.json": membership_table}
+    "membership.json": membership_table, "sampling.json": sampling_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:

@@ -379,11 +379,13 @@ class PFedLIAP2P(Method):
                               ) -> dict[str, dict[str, torch.Tensor]]:
         """The models of kind the live ones of peers keep, asked of all together (first: of one at a time, in
         order, until one gives it); those that keep none yet are asked again, waiting longer each time, for up to
-        patience seconds."""
+        patience seconds. (first: the peers are asked while they are not yet known alive too, as a large mesh may
+        still be forming; one that does not answer is asked again.)"""
         got: dict[str, dict[str, torch.Tensor]] = {}
         wait, deadline = FETCH_RETRY[0], asyncio.get_running_loop().time() + patience
         while True:
-            missing = [p for p in peers if p not in got and p in set(self.node.live_peers())]
+            live = set(self.node.live_peers())
+            missing = [p for p in peers if p not in got and p != self.node.name and (first or p in live)]
             if first:
                 for peer in missing:
                     state = await self.node.fetch(peer, kind)
