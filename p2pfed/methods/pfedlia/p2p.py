@@ -321,7 +321,11 @@ class PFedLIAP2P(Method):
         new = set(scored) - set(self.estimates)
         self.estimates = dict(scored)
         scores = {p: e.mean for p, e in scored.items()}
-        lower = {p: e.lower for p, e in scored.items()} if self.options.confidence > 0 else None
+        # A validation split of one sample has no variance to bound a score with: every bound is infinite and no
+        # peer would ever be chosen (250 nodes sharing the bundled digits hold 7 samples each, 1 to validate on).
+        # The mean alone decides there, as the paper's rule does.
+        sure = self.options.confidence > 0 and any(e.samples >= 2 for e in scored.values())
+        lower = {p: e.lower for p, e in scored.items()} if sure else None
         # Chosen only if it lowers w0's loss beyond uncertainty by more than margin of what the most helpful peer
         # does: from a w0 barely trained, a model of noise of each tensor's scale lowered it by 0.13 and was
         # chosen by three of its cluster mates on adversaries-digits, where a peer of the node's cluster

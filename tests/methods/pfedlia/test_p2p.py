@@ -331,3 +331,15 @@ async def test_a_mesh_of_all_pairs_decides_nothing_its_round_loop_would_checkpoi
     before = method.state()
     await method.before_round(0)
     assert method.state() == before and method.is_large is False
+
+
+async def test_a_node_that_validates_on_one_sample_chooses_by_the_mean_as_the_paper_does() -> None:
+    """One validation sample bounds nothing (every bound infinite): all peers would be left out for good."""
+    node = FakeNode("me", list(SCORES), SCORES, {})
+    method = PFedLIAP2P(node, P2POptions())
+    inf = float("inf")
+    await method.choose({p: Estimate(v, -inf, inf, 1) for p, v in SCORES.items()})
+    assert method.chosen == {"a", "b"}
+    sure = PFedLIAP2P(node, P2POptions())  # two samples or more: the bounds decide, as before
+    await sure.choose({p: Estimate(v, -inf if p == "a" else v - 0.1, inf, 2) for p, v in SCORES.items()})
+    assert sure.chosen == {"b"}
