@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 # wait for this node (it did not choose it) runs ahead; beyond this, this node catches up instead.
 AHEAD = 8
 WAIT_TOLD_EVERY = 10.0  # seconds between "waiting for peers" lines while a node waits to start
+START_WAIT = 120.0  # seconds a node waits, by default, for the peers it expects before its first round
 START_PER_PEER = 1.0  # seconds a node waits, at most, for each peer it expects before its first round
 NAMES_SHOWN = 6  # peers named in a round's line (the rest counted)
 
@@ -244,16 +245,17 @@ class LearningNode(LocalNode):
         return None
 
     # -- the round loop --------------------------------------------------------------------------
-    async def run(self, start_round: int = 0, wait_for_peers: int = 0, start_timeout: float = 120.0) -> None:
+    async def run(self, start_round: int = 0, wait_for_peers: int = 0, start_timeout: float | None = None) -> None:
         """Run rounds start_round .. rounds−1 (resuming from a checkpoint if there is one)."""
         resumed = self.restore()
         if resumed is not None:
             start_round = max(start_round, resumed + 1)
         # Peers may send this round's models while this node waits to start: take them.
         self.round = start_round
-        # A mesh of many members takes longer to form (one process's 150 took a minute, benchmarks/membership.py):
-        # a second a peer awaited, at least start_timeout.
-        start_timeout = max(start_timeout, START_PER_PEER * wait_for_peers)
+        # By default 120 s, or, for a mesh of many members, which takes longer to form (one process's 150 took a
+        # minute, benchmarks/membership.py), a second a peer awaited.
+        if start_timeout is None:
+            start_timeout = max(START_WAIT, START_PER_PEER * wait_for_peers)
         deadline = time.monotonic() + start_timeout
         # A restarted node does not wait for the run to start: the others have (some may have finished).
         told = 0.0
