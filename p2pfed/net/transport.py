@@ -46,7 +46,6 @@ from p2pfed.wire import (
     SCHEMAS,
     Limits,
     Message,
-    NotKept,
     TryLater,
     WireError,
     decode,
@@ -631,7 +630,7 @@ class Transport:
         except WireError as exc:  # the message parsed but broke a rule of its content (e.g. shapes)
             self.dropped += 1
             reason = cut(str(exc))
-            if isinstance(exc, NotKept):  # "not yet" (a model asked for before it is kept): no fault of anyone's
+            if isinstance(exc, TryLater) and exc.quiet:  # the normal course of things: no fault of anyone's
                 log.debug("%s: %s from %s answered not yet: %s", self.name, msg.type, msg.sender, reason)
             else:
                 self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender,

@@ -36,7 +36,7 @@ from p2pfed.net.waits import first_of
 from p2pfed.node.conduct import Conduct
 from p2pfed.node.local import LocalNode, NodeData
 from p2pfed.scenario.config import Scenario
-from p2pfed.wire import Message, ModelIn, NoteIn, NotKept, WireError, check_tensors
+from p2pfed.wire import Message, ModelIn, NoteIn, TryLater, WireError, check_tensors
 from p2pfed.wire.messages import cut
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class LearningNode(LocalNode):
         kind = msg.body["kind"]
         state = self.kept.get(kind)
         if state is None:  # not yet, perhaps: a peer scoring a sample asks before this node trained its partial
-            raise NotKept(f"{self.name} keeps no {kind} model")
+            raise TryLater(f"{self.name} keeps no {kind} model", quiet=True)
         return self.endpoint.message("model", {"kind": kind, "samples": self.samples, "meta": {}},
                                      self._outgoing(state))
 

@@ -50,12 +50,12 @@ class WireError(ValueError):
 
 
 class TryLater(WireError):
-    """A message refused for now, not for good (its sender is told it may retry)."""
+    """A message refused for now, not for good (its sender is told it may retry). quiet: a refusal in the normal
+    course of things (a model asked for before it is kept), which the receiver logs at debug, not as a warning."""
 
-
-class NotKept(TryLater):
-    """A request for a model the node does not keep (yet: a peer may ask before the model is trained), the normal
-    course of a pull, not a fault of anyone's."""
+    def __init__(self, message: str, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.quiet = quiet
 
 
 @dataclass(frozen=True)

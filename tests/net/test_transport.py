@@ -21,7 +21,7 @@ import zmq.asyncio
 from p2pfed.net import security
 from p2pfed.net import transport as transport_module
 from p2pfed.net.transport import _MISMATCH, DeliveryError, Refusal, Transport, TransportOptions
-from p2pfed.wire import DEFAULT_LIMITS, Message, NotKept, TryLater, WireError, check_tensors, decode, encode
+from p2pfed.wire import DEFAULT_LIMITS, Message, TryLater, WireError, check_tensors, decode, encode
 from p2pfed.wire.messages import clip, cut
 from tests.conftest import Inbox
 from tests.helpers import free_port, wait_until
@@ -368,7 +368,7 @@ async def test_acknowledgements_say_yes_or_why_not_and_whether_to_retry(transpor
     assert receiver.dropped == 4  # each refusal counted (a failing handler's bug is not a drop)
     # a refusal is a warning, but a model asked for before it is kept: the normal course of a pull
     async def keeper(msg: Message) -> Message | None:
-        raise NotKept("b keeps no partial model")
+        raise TryLater("b keeps no partial model", quiet=True)
 
     other = transports("c", keeper)
     with pytest.raises(Refusal) as not_yet:
