@@ -110,7 +110,6 @@ class PFedLIAP2P(Method):
         self.last: tuple[ModelIn | None, dict[str, ModelIn], dict[str, ModelIn]] | None = None
         self.scale = 1.0  # w0's mean validation loss: what margin is a share of
         # scoring a sample (a mesh of more than all_pairs_up_to members; see the module's text)
-        self.sampling = False
         self.expanding = False  # still scoring more peers, a step each round
         self.estimates: dict[str, Estimate] = {}  # every peer scored, with its bounds
         self.tried: set[str] = set()  # every peer whose partial model was asked for
@@ -132,6 +131,11 @@ class PFedLIAP2P(Method):
         """What the node's "choices" note says: the peers that are to send it their models (the chosen and the
         watched), with their influence (0 for a peer never scored)."""
         return {p: self.scores.get(p, 0.0) for p in sorted((self.chosen or set()) | set(self.watched))}
+
+    @property
+    def sampling(self) -> bool:
+        """Whether this node scores a sample (its mesh is large, as it decided when its first round began)."""
+        return self.is_large is True
 
     @property
     def keeps_learning(self) -> bool:
@@ -194,7 +198,7 @@ class PFedLIAP2P(Method):
             self.node.load_state(next(iter(got.values())))
         else:
             log.warning("%s: no aggregator of warm-up round %d gave its average (%s); going on with this node's "
-                        "own model", self.node.name, rnd, ", ".join(self.aggregators(rnd)))
+                        "own model", self.node.name, rnd, ", ".join(chosen))
 
     def expected(self, rnd: int) -> set[str]:
         """The sources that take part, but a peer watched (or, sampling, chosen) from this round on: it may have
@@ -242,7 +246,6 @@ class PFedLIAP2P(Method):
             if self.sampling and not self.alone:
                 await self.expand(rnd)
             return
-        self.sampling = self.large()
         if rnd > self.options.warmup_rounds:
             await self.join_late()
             return
@@ -348,6 +351,8 @@ class PFedLIAP2P(Method):
         self.released.update(dict.fromkeys((before or set()) - self.chosen, self.node.round))
         if before == self.chosen:
             return
+        if before is not None:
+            self.windows = {}  # a peer's effect is measured against the group it is averaged with
         self.start_local()
         fields: dict[str, Any] = {"lower": lower} if lower is not None else {}
         fields.update({"dropped": sorted(self.dropped), "why": "sampled"} if before is not None else {})
@@ -439,10 +444,7 @@ class PFedLIAP2P(Method):
         if not callers and not step:
             return
         partials = await self.fetch_partials(callers + step, 0.0)
-        before = set(self.chosen)
         await self.choose({**self.estimates, **await self.score(partials)})
-        if self.chosen != before:
-            self.windows = {}  # a peer's effect is measured against the group it is averaged with
         log.info("%s: round %d: scored %d more peers (%d in all); chose %d%s", self.node.name, rnd, len(partials),
                  len(self.estimates), len(self.chosen), "" if self.expanding else "; search ended")
 
@@ -469,10 +471,7 @@ class PFedLIAP2P(Method):
         if self.chosen is None and self.large_warmup(rnd):
             if self.node.name not in self.aggregators(rnd):
                 return None  # its model is the round's average, fetched as the next round starts
-            models = {**arrived, **({self.node.name: own} if own is not None else {})}
-            if not models:
-                return None
-            average = group_average(None, {p: m for p, m in models.items()})
+            average = group_average(None, {**arrived, **({self.node.name: own} if own is not None else {})})
             if average is not None:
                 self.node.keep({f"warmup-{rnd}": average})
             return average
@@ -658,7 +657,7 @@ class PFedLIAP2P(Method):
                 "choosers": sorted(self.choosers), "chosen_scores": self.chosen_scores,
                 "watched": dict(self.watched), "scores": self.scores, "looked": dict(self.looked),
                 "refused": dict(self.refused), "scale": self.scale, "dropped": sorted(self.dropped),
-                "sampling": self.sampling, "expanding": self.expanding, "tried": sorted(self.tried),
+                "expanding": self.expanding, "tried": sorted(self.tried),
                 "randomly": self.randomly,
                 "estimates": {p: [e.mean, e.lower, e.upper, e.samples] for p, e in self.estimates.items()},
                 "added": sorted(self.added), "audience": sorted(self.audience),
@@ -678,7 +677,7 @@ class PFedLIAP2P(Method):
         self.refused = {str(p): int(n) for p, n in state.get("refused", {}).items()}
         self.scale = float(state.get("scale", 1.0))
         self.dropped = {str(p) for p in state.get("dropped", [])}
-        self.sampling, self.expanding = bool(state.get("sampling", False)), bool(state.get("expanding", False))
+        self.expanding = bool(state.get("expanding", False))
         self.tried = {str(p) for p in state.get("tried", [])}
         self.randomly = int(state.get("randomly", 0))
         self.estimates = {str(p): Estimate(float(m), float(lo), float(hi), int(n))

@@ -310,7 +310,7 @@ async def test_a_peer_left_out_when_a_sampling_node_chooses_again_may_still_send
     node = FakeNode("me", peers, {}, {})
     node.members = lambda: sorted([*node.peers, "me"])  # type: ignore[method-assign]
     method = PFedLIAP2P(node, P2POptions(sample=4, all_pairs_up_to=10, probe_every=0, fallback=False))
-    method.sampling = True
+    method.is_large = True  # a large mesh: it samples
     await method.choose({"p1": Estimate(2.0, 1.5, 2.5, 10), "p2": Estimate(1.9, 1.4, 2.4, 10),
                          "p6": Estimate(-2.0, -2.5, -1.5, 10)})
     assert method.chosen == {"p1", "p2"}
