@@ -120,8 +120,9 @@ def main() -> None:
     except ValueError:
         parser.error(f"--sizes and --samples take whole numbers, comma-separated (got {args.sizes!r}, "
                      f"{args.samples!r})")
-    if min(sizes) < 2 or min(samples) < 0:
-        parser.error("sizes must be at least 2 and samples at least 1")
+    if min(sizes) < 2 or min(samples[1:], default=1) < 1:
+        parser.error(f"sizes must be at least 2 and samples at least 1 (all pairs is always run; got {args.sizes!r}, "
+                     f"{args.samples!r})")
     rows: list[dict[str, Any]] = []
     for n in sizes:
         for sample in samples:
