@@ -94,8 +94,16 @@ def stacked(model: nn.Module, states: list[dict[str, torch.Tensor]], x: torch.Te
     rows = []
     for start in range(0, len(states), chunk):
         group = states[start:start + chunk]
-        rows.append(batched_loss({k: torch.stack([p[k] for p in group]).to(x.device) for k in group[0]}))
+        rows.append(batched_loss({k: stack_on(x.device, [p[k] for p in group]) for k in group[0]}))
     return torch.cat(rows)
+
+
+def stack_on(device: torch.device, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors stacked, on device: stacked where they lie and copied once when they lie together (host
+    snapshots, as received models are), else each moved first (torch.stack refuses tensors of two devices)."""
+    if any(t.device != tensors[0].device for t in tensors):
+        tensors = [t.to(device) for t in tensors]
+    return torch.stack(tensors).to(device)
 
 
 @torch.no_grad()

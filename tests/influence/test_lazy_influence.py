@@ -3,6 +3,7 @@ batched (vmap) scoring gives the same numbers as one model at a time."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from p2pfed.influence.lazy_influence import sample_losses, score_peers, score_peers_one_by_one
@@ -65,3 +66,19 @@ def test_training_a_partial_model_leaves_the_nodes_own_model_as_it_was() -> None
     after = state_of(model)
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert not all(torch.equal(partial[k], before[k]) for k in before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (run on one: see docs/performance.md)")
+def test_on_a_gpu_states_that_lie_on_the_host_and_on_the_gpu_are_scored_alike() -> None:
+    """Received models lie on the host, a node's live models on the GPU: scoring both together gives the CPU's
+    losses (torch.stack refuses two devices; an H100 run found it)."""
+    d = load_dataset("digits")
+    model = build_model("cnn", d.input_shape, 10, seed=0)
+    w0 = state_of(model)
+    partial = train_copy(model, w0, d.x_train[:60], d.y_train[:60], epochs=2, batch_size=16, lr=0.05, seed=1,
+                         device=CPU)
+    gpu = torch.device("cuda")
+    mixed = [w0, {k: v.to(gpu) for k, v in partial.items()}]
+    on_gpu = sample_losses(model, mixed, d.x_test[:50], d.y_test[:50], gpu)
+    on_cpu = sample_losses(model, [w0, partial], d.x_test[:50], d.y_test[:50], CPU)
+    assert on_gpu.shape == (2, 50) and abs(on_gpu - on_cpu).max() < 1e-3

@@ -71,6 +71,7 @@ from torch import nn
 from p2pfed.influence.evidence import Estimate, Window, estimate, paired_differences
 from p2pfed.influence.lazy_influence import sample_losses, score_peers
 from p2pfed.influence.selection import select_peers
+from p2pfed.learn.train import state_of
 from p2pfed.methods.base import Method, PeerContext, group_average, shared_number, shared_rng
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
 from p2pfed.wire import ModelIn
@@ -504,7 +505,9 @@ class PFedLIAP2P(Method):
         local track. The models are built and scored in a worker thread, off the event loop."""
         now = self.node.current_state()  # the last round's aggregate
         members = {**group, **({"": own} if own is not None else {})}  # "" is no peer's name
-        local = self.local.state_dict() if self.local is not None and group else None
+        # a host snapshot (state_of), as every other model weighed is: the live tensors of a track that trains on a
+        # GPU lie there, and change while the scoring runs in its thread
+        local = state_of(self.local) if self.local is not None and group else None
 
         def judge(model: nn.Module, x_val: torch.Tensor, y_val: torch.Tensor, device: torch.device,
                   task: Any) -> tuple[list[str], np.ndarray]:

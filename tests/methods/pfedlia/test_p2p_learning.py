@@ -318,3 +318,30 @@ async def test_a_harmful_peer_that_sends_every_other_round_is_dropped_not_the_wh
             node.load_state(new)
     assert seen[-1] == {"good"} and [e for e, _ in node.records].count("fallback") == 0
     assert [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"] == [("noise", "dropped")]
+
+
+async def test_the_local_track_is_weighed_from_a_host_snapshot_not_its_live_tensors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the local track trains on the GPU: its live state_dict there, stacked with the host snapshots of
+    the other models, stopped every node of a CUDA run at its first weighing (an H100 run: 'Expected all tensors
+    to be on the same device'). Every model weighed is a host snapshot, as state_of takes, sharing no storage
+    with a model that keeps training."""
+    import p2pfed.methods.pfedlia.p2p as p2p
+
+    node = Node(["good", "flipper"], classifier(1.0))
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
+    handed: list[list[dict[str, torch.Tensor]]] = []
+    real = p2p.sample_losses
+
+    def spy(model: nn.Module, states: list[dict[str, torch.Tensor]], *args: Any) -> np.ndarray:
+        handed.append(states)
+        return real(model, states, *args)
+
+    monkeypatch.setattr(p2p, "sample_losses", spy)
+    await run(method, node, {"good": classifier(2.0), "flipper": classifier(-2.0)}, {"good", "flipper"},
+              range(W, W + 2))
+    assert handed and method.local is not None
+    live = {p.data_ptr() for m in (method.local, node.model) for p in m.parameters()}
+    for states in handed:
+        for state in states:
+            assert all(t.device.type == "cpu" and t.data_ptr() not in live for t in state.values())
