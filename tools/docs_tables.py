@@ -153,6 +153,31 @@ def lia_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def lia_gpu_table(figures: dict[str, Any]) -> str:
+    """lia.py on one machine's GPU and on its CPU, in the same call: each figure beside its CPU reference."""
+    gpu, cpu = figures["cuda"]["scoring"]["device"], f"its CPU ({figures['cpu']['scoring']['threads']} threads)"
+    rows = [f"| what | {cpu} | {gpu} | GPU against CPU |", "|---|---:|---:|---:|"]
+
+    def row(what: str, on_cpu: float, on_gpu: float, unit: str) -> str:
+        scale, fmt = (1e3, ".1f") if unit == "ms" else (1.0, ".3f")
+        return (f"| {what} | {scale * on_cpu:{fmt}} {unit} | {scale * on_gpu:{fmt}} {unit} | "
+                f"{on_cpu / on_gpu:.1f}x faster |")
+
+    for c, g in ((figures["cpu"], figures["cuda"]), (figures["digits_cpu"], figures["digits_cuda"])):
+        a, b = c["scoring"], g["scoring"]
+        what = f"(a) score {a['peers']} partial models on {a['validation_samples']} {a['dataset']} samples"
+        rows += [row(f"{what}, one at a time", a["one_at_a_time_s"], b["one_at_a_time_s"], "ms"),
+                 row(f"{what}, batched (`torch.func.vmap`)", a["batched_s"], b["batched_s"], "ms"),
+                 f"| batched against one at a time | {a['speed_up']:.2f}x | {b['speed_up']:.2f}x | |"]
+    c, g = figures["cpu"]["lazy_vs_exact"], figures["cuda"]["lazy_vs_exact"]
+    rows += [row(f"(b) exact influence of a 100-point batch (retrain on {c['initial_points']} + 100 points to loss "
+                 f"< {c['threshold']})", c["exact_s"], g["exact_s"], "s"),
+             row(f"(b) lazy influence of the same batch ({c['lazy_epochs']} epochs on the batch)", c["lazy_s"],
+                 g["lazy_s"], "s"),
+             f"| (b) lazy against exact | {c['speed_up']:.0f}x cheaper | {g['speed_up']:.0f}x cheaper | |"]
+    return "\n".join(rows)
+
+
 def membership_table(figures: dict[str, Any]) -> str:
     rows = ["| N | membership | messages / member / s | × smallest N | bytes / member / s | × smallest N | "
             "connections / member | formed in (s) | CPU (cores) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -189,6 +214,7 @@ def sampling_table(figures: dict[str, Any]) -> str:
 
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
+    "lia-gpu.json": lia_gpu_table,
     "membership.json": membership_table, "sampling.json": sampling_table}
 
 
