@@ -178,6 +178,53 @@ def lia_gpu_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def flower_table(figures: dict[str, Any]) -> str:
+    """benchmarks/flower.py: the median of each side's interleaved runs, p2pfed's as a ratio to Flower's."""
+    p, f = figures["median"]["p2pfed"], figures["median"]["flower"]
+    rows = [f"| what | p2pfed | Flower {figures['flwr']} (Ray {figures['ray']}) | p2pfed / Flower |",
+            "|---|---:|---:|---:|"]
+    for key, what, unit, fmt in (("round_s", "steady round time (rounds 2..R)", "s", ".2f"),
+                                 ("startup_s", "start-up (launch to round 1)", "s", ".1f"),
+                                 ("wall_s", "wall time, launch to exit", "s", ".1f"),
+                                 ("cpu_s", "CPU time of the process tree", "s", ".0f"),
+                                 ("peak_mb", "peak memory of the process tree (PSS)", "MB", ".0f")):
+        rows.append(f"| {what} | {p[key]:{fmt}} {unit} | {f[key]:{fmt}} {unit} | {p[key] / f[key]:.2f} |")
+    rows.append(f"| mean accuracy of the clients | {100 * p['accuracy']:.2f} % | {100 * f['accuracy']:.2f} % | "
+                f"{p['accuracy'] / f['accuracy']:.2f} |")
+    return "\n".join(rows)
+
+
+FLOWER_STEPS = (("flower-before.json", "before (4 node processes)"),
+                ("flower.json", "after (4 node processes)"),
+                ("flower-cores.json", "after (2 node processes, a core each)"))
+
+
+def flower_history_table(_: dict[str, Any]) -> str:
+    """p2pfed / Flower before and after the changes (each step's ratio against the Flower runs interleaved with
+    it), then what each side's memory went to (its first run's processes, each at its own peak)."""
+    steps = [(json.loads((ROOT / "benchmarks" / "results" / name).read_text()), what) for name, what in FLOWER_STEPS]
+    rows = ["| p2pfed / Flower | " + " | ".join(what for _, what in steps) + " |",
+            "|---|" + "---:|" * len(steps)]
+    for key, what in (("round_s", "steady round time"), ("startup_s", "start-up"), ("wall_s", "wall time"),
+                      ("cpu_s", "CPU time"), ("peak_mb", "peak memory"), ("accuracy", "accuracy")):
+        rows.append(f"| {what} | " + " | ".join(f"{f['median']['p2pfed'][key] / f['median']['flower'][key]:.2f}"
+                                                for f, _ in steps) + " |")
+    memory = ["| process (count) | " + " | ".join(what for _, what in steps) + " | Flower (beside the first after) |",
+              "|---|" + "---:|" * (len(steps) + 1)]
+    kinds = list(dict.fromkeys(k for f, _ in steps for k in f["runs"][0]["processes"]))
+    for kind in kinds:
+        cells = []
+        for f, _ in steps:
+            p = f["runs"][0]["processes"].get(kind)
+            cells.append(f"{p['peak_mb']:.0f} MB ({p['count']})" if p else "–")
+        memory.append(f"| {kind} | " + " | ".join(cells) + " | |")
+    flower = next(r for r in steps[1][0]["runs"] if r["side"] == "flower")
+    for kind, p in flower["processes"].items():
+        memory.append(f"| {kind} |" + " |" * len(steps) + f" {p['peak_mb']:.0f} MB ({p['count']}) |")
+    said = "What the memory went to (each process at its own peak, proportional set size):"
+    return "\n".join(rows) + f"\n\n{said}\n\n" + "\n".join(memory)
+
+
 def membership_table(figures: dict[str, Any]) -> str:
     rows = ["| N | membership | messages / member / s | × smallest N | bytes / member / s | × smallest N | "
             "connections / member | formed in (s) | CPU (cores) |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -214,7 +261,8 @@ def sampling_table(figures: dict[str, Any]) -> str:
 
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
-    "lia-gpu.json": lia_gpu_table,
+    "lia-gpu.json": lia_gpu_table, "flower.json": flower_table,
+    "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table}
 
 

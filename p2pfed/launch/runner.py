@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ import torch
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.adversary import conduct_of
 from p2pfed.launch.failures import NEVER_JOINED, NOT_FINISHED, failure_reason, last_words, unfinished
-from p2pfed.learn.datasets import Dataset, load_dataset
+from p2pfed.learn.datasets import SHARED_DATA, Dataset, load_dataset, mapped, share
 from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.learn.train import describe_device, pick_device, round_seed
@@ -119,11 +120,19 @@ def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:
                                 dataset.vocabulary)
 
 
-def prepare_data(scenario: Scenario) -> tuple[Dataset, Partition]:
+def prepare_data(scenario: Scenario, share_to: Path | None = None) -> tuple[Dataset, Partition]:
     """The dataset and the partition every node derives from the scenario (dealing out the samples' labels,
-    or their groups, such as a word's language)."""
-    dataset = load_dataset(scenario.data.dataset, scenario.data.root or None, scenario.seed,
-                           scenario.data.words_per_sample)
+    or their groups, such as a word's language). share_to: a folder to write the dataset to, memory-mapped from
+    there; a worker process the runner started maps the one its environment names (SHARED_DATA) instead of
+    loading its own."""
+    d = scenario.data
+    key = json.dumps([d.dataset, d.root, scenario.seed, d.words_per_sample])  # what load_dataset is given
+    given = os.environ.get(SHARED_DATA)
+    dataset = mapped(Path(given), key) if given and share_to is None else None
+    if dataset is None:
+        dataset = load_dataset(d.dataset, d.root or None, scenario.seed, d.words_per_sample)
+        if share_to is not None:
+            dataset = share(dataset, share_to, key)
     y_train, y_test = dataset.keys()
     if scenario.data.server_per_class:  # the server's samples first, the rest dealt to the nodes
         y_train = without(y_train, server_samples(y_train, scenario.data.server_per_class, scenario.seed))
@@ -275,6 +284,8 @@ class ProcessMesh(InProcessMesh):
         if delay:
             cmd += ["--send-delay", str(delay)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if self.dataset.mapped_from is not None:  # the children map the runner's copy of the dataset
+            env[SHARED_DATA] = str(self.dataset.mapped_from)
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         for i in indices:
@@ -510,15 +521,24 @@ def _interrupt(flag: list[bool], task: asyncio.Task[Any]) -> None:
 
 def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None) -> dict[str, MethodRun]:
     """Run every method of a scenario into out/METHOD/ and write the report."""
-    from p2pfed.report.results import write_report
-
     out.mkdir(parents=True, exist_ok=True)
     if scenario.path and Path(scenario.path).resolve() != (out / "scenario.toml").resolve():
         shutil.copy(scenario.path, out / "scenario.toml")
     # Many nodes share two cores: one torch thread per training call, two training calls at a time.
     torch.set_num_threads(1)
     allow_open_files()  # a socket per peer: as many open files as the hard limit allows (children inherit it)
-    dataset, partition = prepare_data(scenario)
+    with contextlib.ExitStack() as cleanup:
+        share_to = None
+        if scenario.processes or scenario.workers > 1:  # worker processes map one copy of the dataset
+            share_to = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="p2pfed-data-")))
+        dataset, partition = prepare_data(scenario, share_to)
+        return _run_methods(scenario, out, dataset, partition, progress)
+
+
+def _run_methods(scenario: Scenario, out: Path, dataset: Dataset, partition: Partition,
+                 progress: Progress | None) -> dict[str, MethodRun]:
+    from p2pfed.report.results import write_report
+
     shape = {
         "nodes": [scenario.node_name(i) for i in range(scenario.nodes)],
         "true_cluster": partition.true_cluster,

@@ -12,6 +12,7 @@ ImageFolder.
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from p2pfed.learn.files import read_own
-from p2pfed.learn.tasks import CLASSIFICATION, NEXT_TOKEN, LearningTask
+from p2pfed.learn.tasks import CLASSIFICATION, NEXT_TOKEN, TASKS, LearningTask
 from p2pfed.learn.text import SCANDINAVIAN, load_words
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Dataset:
     input_mean: torch.Tensor | None = None
     input_std: torch.Tensor | None = None
     pixel_max: float = 0.0  # a white pixel in the raw inputs' units (255, or 16 for digits); 0: not images
+    mapped_from: Path | None = None  # the folder its arrays are memory-mapped from (share), None: in memory
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -257,6 +259,59 @@ def text_files(name: str, root: Path | None) -> dict[str, Path]:
 
 
 DATASETS = ("digits", "synthetic", "fmnist", "mnist", "emnist", "cifar10", "cifar100", "scandinavian", "words:DIR")
+
+
+# A scenario's worker processes map one copy of its dataset (share, mapped) instead of each loading its own: the
+# runner writes the folder and names it to its children in this environment variable.
+SHARED_DATA = "P2PFED_SHARED_DATA"
+TENSORS = ("x_train", "y_train", "x_test", "y_test", "input_mean", "input_std")
+ARRAYS = ("groups_train", "groups_test")
+MANIFEST = "dataset.json"
+
+
+def share(d: Dataset, folder: Path, key: str) -> Dataset:
+    """d written once to folder (each array an .npy file, the rest in dataset.json, written last), and d again
+    with its arrays memory-mapped from there (mapped): processes that map the same files hold one copy of their
+    pages between them. key names what d was loaded as; mapped gives it only to a caller asking for that key."""
+    arrays = {}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for k in (*TENSORS, *ARRAYS):
+            value = getattr(d, k)
+            if value is not None:
+                np.save(folder / f"{k}.npy", value.numpy() if isinstance(value, torch.Tensor) else value)
+                arrays[k] = True
+    except OSError as exc:  # a full disk: each process then loads its own copy, as before there was sharing
+        log.warning("the dataset could not be written to %s for the worker processes to share (%s): each "
+                    "loads its own", folder, exc)
+        return d
+    (folder / MANIFEST).write_text(json.dumps({"key": key, "name": d.name, "num_classes": d.num_classes,
+                                               "task": d.task.name, "vocabulary": d.vocabulary,
+                                               "pixel_max": d.pixel_max, "arrays": sorted(arrays)}))
+    again = mapped(folder, key)
+    assert again is not None
+    return again
+
+
+def mapped(folder: Path, key: str) -> Dataset | None:
+    """The dataset share wrote to folder for key, its arrays memory-mapped copy-on-write (a process that changes
+    one changes its own copy of those pages); None if folder holds none, or one loaded as another key."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("key") != key:
+        return None
+    loaded: dict[str, object] = {}
+    try:
+        for k in manifest["arrays"]:
+            array = np.load(folder / f"{k}.npy", mmap_mode="c", allow_pickle=False)
+            loaded[k] = torch.from_numpy(array) if k in TENSORS else array
+    except (OSError, ValueError):  # the folder going away as the run ends: the caller loads its own
+        return None
+    return Dataset(manifest["name"], num_classes=int(manifest["num_classes"]), task=TASKS[manifest["task"]],
+                   vocabulary=manifest["vocabulary"], pixel_max=float(manifest["pixel_max"]), mapped_from=folder,
+                   **loaded)  # type: ignore[arg-type]
 
 
 def load_dataset(name: str, root: str | Path | None = None, seed: int = 0, words_per_sample: int = 1) -> Dataset:

@@ -111,6 +111,9 @@ KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named 
 MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req", "ping"})  # what the endpoint answers
 VERIFY_PER_PERIOD = 4  # peers a member probes a period because another member said they were suspect or dead
 VERIFY_QUEUED = 64  # such peers waiting to be probed, at most (the rest of a flood of such news is ignored)
+# a probing member's goodbye goes to its partners, its bootstraps and coordinators, and this many other peers; the
+# rest learn of it from a probe it does not answer (SWIM), as they would of a crash
+GOODBYE_OTHERS = 3
 NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and pongs, newest kept
 # Pings of one member in flight at once; the rest wait their turn. A newcomer introduces itself to every member
 # its welcome lists, each ping on a connection of its own: all at once, a mesh of 100 joining in one process
@@ -346,8 +349,7 @@ class Endpoint:
                 await task
         sent = 0
         if leave and self.transport.router is not None:
-            sent = sum(await asyncio.gather(*(self._goodbye(peer) for peer in
-                                               self.peers.by_state(ALIVE, SUSPECT, JOINING))))
+            sent = sum(await asyncio.gather(*(self._goodbye(peer) for peer in self._told_goodbye())))
         # Give the goodbyes up to half a second to reach the wire before the sockets close.
         await self.transport.close(linger_ms=500 if sent else 0)
 
@@ -428,9 +430,23 @@ class Endpoint:
             _out_of_files_told[0] = time.monotonic()
             log.warning("%s: cannot reach peers: too many open files (ulimit -n; said once a minute)", self.name)
 
+    def _told_goodbye(self) -> list[Peer]:
+        """Whom a leaving member tells: every live peer where each has a connection anyway (membership "all");
+        probing, the peers it has a connection to (its partners of late: those that may wait on it), the
+        bootstraps and coordinators (they keep the table and run the rounds) and GOODBYE_OTHERS more. A goodbye
+        to everyone would open a connection to most peers, and a mesh that stops at once (a scenario's end) would
+        open N² of them to say so."""
+        live = self.peers.by_state(ALIVE, SUSPECT, JOINING)
+        if self.options.membership != "probe":
+            return live
+        partners = self.peers.partners(self.options.partner_window * self.options.heartbeat)
+        told = [p for p in live if p.address in self.transport.dealers or p.role != "node" or p.name in partners]
+        rest = [p for p in live if p not in told]
+        return told + random.sample(rest, min(GOODBYE_OTHERS, len(rest)))
+
     async def _goodbye(self, peer: Peer) -> bool:
-        """Tell peer this member leaves, over a connection opened for it if there is none (a member of the probing
-        membership talks to most peers rarely): half a second at most."""
+        """Tell peer this member leaves, over a connection opened for it if there is none (a bootstrap, one of the
+        others a probing member tells): half a second at most."""
         try:
             key = self._server_key(peer)
         except DeliveryError:

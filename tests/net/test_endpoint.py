@@ -18,7 +18,7 @@ import torch
 import zmq
 
 from p2pfed.net import security
-from p2pfed.net.endpoint import Endpoint, JoinError, MeshOptions, query_status
+from p2pfed.net.endpoint import GOODBYE_OTHERS, Endpoint, JoinError, MeshOptions, query_status
 from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Peer
 from p2pfed.net.transport import PROBE_LANE, BadAddress, DeliveryError
 from p2pfed.wire import Message
@@ -127,6 +127,25 @@ async def test_graceful_leave_and_restart_with_the_same_name_rejoins(members: Ma
     await again.start("tcp://127.0.0.1:0", [nodes[2].ticket])  # join through any live node
     await wait_until(lambda: all(states(n).get("n0") == ALIVE for n in [boot, *nodes[1:]]), what="n0 back")
     assert nodes[1].peers.peers["n0"].address == again.address != old_address
+
+
+async def test_a_probing_member_says_goodbye_to_its_partner_the_bootstrap_and_a_few_others_and_the_rest_see_it_gone(
+        members: Make) -> None:
+    """A goodbye to every peer opened a connection to most of them: a 100-node scenario's end opened about 10,000,
+    and its processes spent a quarter of a minute saying goodbye. The rest learn it from a probe it leaves
+    unanswered, as they would learn of a crash."""
+    boot, nodes = await start_mesh(members, 12)
+    await wait_until(lambda: all(len(states(n)) == 12 and set(states(n).values()) == {ALIVE} for n in nodes),
+                     what="mesh formed")
+    leaver = nodes[0]
+    nodes[5].serve({"control": ack})
+    assert (await leaver.request("n5", ping(leaver), 5)).body["ok"]  # a partner: their connection is open
+    await leaver.stop()
+    # its partner, the bootstrap, GOODBYE_OTHERS more, and any peer whose connection a sync left open: not all 12
+    assert 2 + GOODBYE_OTHERS <= leaver.transport.sent["leave"] < 8
+    assert states(nodes[5])["n0"] == LEFT and states(boot)["n0"] == LEFT  # told, at once
+    await wait_until(lambda: all(states(n)["n0"] in (LEFT, DEAD) for n in nodes[1:]), timeout=10,
+                     what="every other member seeing n0 gone")
 
 
 async def test_heartbeats_continue_while_a_node_trains_in_a_worker_thread(members: Make) -> None:
