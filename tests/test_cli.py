@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -177,3 +178,39 @@ def test_a_run_over_seeds_that_is_refused_leaves_no_folder_behind(tmp_path: Path
     path.write_text("[scenario]\nnodes = 4\nmethods = ['local']\n[data]\npartition.clusters = 2\n")
     assert main(["run", str(path), "--seeds", "2", "--set", "scenario.seed=3", "--out", str(out)]) == 2
     assert "leave --set scenario.seed out" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_scripted_run_stopped_by_sigterm_stops_its_node_processes_and_removes_the_shared_dataset(
+        tmp_path: Path) -> None:
+    """SIGTERM (a service manager's stop, `kill`) ended `p2pfed run` where it stood: its node processes, in
+    sessions of their own, ran on, and the dataset it wrote for them to share stayed in the temporary folder.
+    It now stops as Ctrl-C does."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    out = tmp_path / "run"
+    runner = subprocess.Popen([sys.executable, "-m", "p2pfed", "run", str(ROOT / "scenarios" / "quickstart.toml"),
+                               "--set", "scenario.workers=2", "--set", "scenario.rounds=30", "--methods",
+                               "local-p2p", "--out", str(out), "-q"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "TMPDIR": str(temp)})
+
+    def children() -> list[int]:  # the node processes of this run (they name its folder on their command line)
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and str(out).encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+        return [p for p in found if p != runner.pid]
+
+    try:
+        wait_for(lambda: len(children()) == 2 and any(temp.glob("p2pfed-data-*/dataset.json")), 60,
+                 "two node processes and the shared dataset")
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(60) == 130
+        wait_for(lambda: not children(), 30, "the node processes to stop")
+        assert not list(temp.glob("p2pfed-data-*"))
+    finally:
+        stop(runner)
+        for pid in children():
+            os.kill(pid, signal.SIGKILL)

@@ -160,8 +160,9 @@ def lia_gpu_table(figures: dict[str, Any]) -> str:
 
     def row(what: str, on_cpu: float, on_gpu: float, unit: str) -> str:
         scale, fmt = (1e3, ".1f") if unit == "ms" else (1.0, ".3f")
-        return (f"| {what} | {scale * on_cpu:{fmt}} {unit} | {scale * on_gpu:{fmt}} {unit} | "
-                f"{on_cpu / on_gpu:.1f}x faster |")
+        ratio = on_cpu / on_gpu
+        faster = f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
+        return f"| {what} | {scale * on_cpu:{fmt}} {unit} | {scale * on_gpu:{fmt}} {unit} | {faster} |"
 
     for c, g in ((figures["cpu"], figures["cuda"]), (figures["digits_cpu"], figures["digits_cuda"])):
         a, b = c["scoring"], g["scoring"]

@@ -557,11 +557,13 @@ def _run_methods(scenario: Scenario, out: Path, dataset: Dataset, partition: Par
         loop = asyncio.new_event_loop()
         loop.set_default_executor(ThreadPoolExecutor(max_workers=os.cpu_count() or 2))
         task = loop.create_task(run_method(scenario, method, dataset, partition, out / method, progress))
-        # Ctrl-C cancels the run through the event loop, so the cleanup (sockets, child processes) runs
-        # as ordinary code, instead of a KeyboardInterrupt raised at whatever line was running.
+        # Ctrl-C (or SIGTERM: a service manager's stop, `kill`) cancels the run through the event loop, so the
+        # cleanup (sockets, child processes, the shared dataset's folder) runs as ordinary code, instead of a
+        # KeyboardInterrupt raised at whatever line was running, or none at all.
         interrupted: list[bool] = []
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # not the main thread
-            loop.add_signal_handler(signal.SIGINT, _interrupt, interrupted, task)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, _interrupt, interrupted, task)
         try:
             runs[method] = loop.run_until_complete(task)
         except asyncio.CancelledError:
