@@ -34,8 +34,7 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
 
-from p2pfed.launch.runner import local_data, prepare_data  # noqa: E402
-from p2pfed.learn.datasets import SHARED_DATA  # noqa: E402
+from p2pfed.launch.runner import SHARED_DATA, local_data, prepare_data  # noqa: E402
 from p2pfed.learn.models import build_model  # noqa: E402
 from p2pfed.learn.train import evaluate, round_seed, state_of, train_epochs  # noqa: E402
 from p2pfed.methods.central import participates  # noqa: E402

@@ -29,7 +29,7 @@ import torch
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.adversary import conduct_of
 from p2pfed.launch.failures import NEVER_JOINED, NOT_FINISHED, failure_reason, last_words, unfinished
-from p2pfed.learn.datasets import SHARED_DATA, Dataset, load_dataset, mapped, share
+from p2pfed.learn.datasets import Dataset, load_dataset, mapped, share
 from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.learn.train import describe_device, pick_device, round_seed
@@ -118,6 +118,11 @@ def recipe_of(scenario: Scenario, method: str | None, dataset: Dataset) -> str:
         return ""
     return scenario.fingerprint(method, dataset.input_shape, dataset.num_classes, dataset.task.name,
                                 dataset.vocabulary)
+
+
+# The folder of the dataset the runner wrote for its node processes to map (learn/datasets.py: share), named to
+# them in their environment.
+SHARED_DATA = "P2PFED_SHARED_DATA"
 
 
 def prepare_data(scenario: Scenario, share_to: Path | None = None) -> tuple[Dataset, Partition]:

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import re
-import weakref
 import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -141,39 +140,7 @@ class ModelCard:
         return cls(model, tuple(dataset.input_shape), dataset.num_classes, dataset.task.name,
                    mean.flatten().tolist() if mean is not None else [],
                    std.flatten().tolist() if std is not None else [], dataset.pixel_max, dataset.vocabulary,
-                   class_names=list(class_names), input_range=input_range(dataset), **origin)
-
-
-# input_range of a dataset's training inputs, by the tensor: every node of a process writes a card of the same
-# dataset, and a pass over Fashion-MNIST's 47 million values took 40 ms a node (4 s of a 100-node start)
-# (by id, forgotten with the tensor: a tensor's == is elementwise, so it cannot be a dictionary's key)
-_RANGES: dict[tuple[int, int, int], list[float]] = {}
-
-
-def input_range(dataset: Dataset) -> list[float]:
-    """[lowest, highest] value of dataset's training inputs in raw units (undoing its standardisation); [] for
-    text, whose inputs are token numbers. Computed once for each tensor of inputs (they are not changed after
-    loading)."""
-    x = dataset.x_train
-    if dataset.task.name == NEXT_TOKEN.name or not x.numel():
-        return []
-    key = (id(x), id(dataset.input_mean), id(dataset.input_std))  # the inputs, and how they were standardised
-    if key not in _RANGES:
-        _RANGES[key] = _input_range(dataset)
-        weakref.finalize(x, _RANGES.pop, key, None)
-    return list(_RANGES[key])
-
-
-def _input_range(dataset: Dataset) -> list[float]:
-    x = dataset.x_train
-    # per input element over the samples, then undone: a sample's worth of memory, not the dataset's again
-    low, high = x.amin(dim=0).float(), x.amax(dim=0).float()
-    if dataset.input_mean is not None and dataset.input_std is not None:  # std > 0: the order is kept
-        low, high = low * dataset.input_std + dataset.input_mean, high * dataset.input_std + dataset.input_mean
-    lo, hi = float(low.min()), float(high.max())
-    # float error of the round trip (16.000002 for digits' 16) cut at a millionth of the span, for the reader
-    digits = 6 - math.floor(math.log10(hi - lo)) if hi > lo else 6
-    return [round(lo, digits) + 0.0, round(hi, digits) + 0.0]  # + 0.0: no -0.0
+                   class_names=list(class_names), input_range=list(dataset.input_range), **origin)
 
 
 def export_model(checkpoint: Path, out: Path) -> ModelCard:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from p2pfed.launch import runner
-from p2pfed.learn.datasets import SHARED_DATA, load_dataset, mapped, share
+from p2pfed.learn.datasets import load_dataset, mapped, share
 from p2pfed.learn.tasks import NEXT_TOKEN
 from p2pfed.scenario.config import load_scenario
 
@@ -52,10 +52,24 @@ def test_a_worker_maps_the_runners_copy_instead_of_loading_its_own(tmp_path: Pat
         raise AssertionError("a worker loaded the dataset again")
 
     monkeypatch.setattr(runner, "load_dataset", no_loading)
-    monkeypatch.setenv(SHARED_DATA, str(tmp_path))
+    monkeypatch.setenv(runner.SHARED_DATA, str(tmp_path))
     theirs, their_partition = runner.prepare_data(scenario)  # a worker
     assert theirs.mapped_from == tmp_path and torch.equal(theirs.x_train, dataset.x_train)
     assert [s.train.tolist() for s in their_partition.shards] == [s.train.tolist() for s in partition.shards]
     other = load_scenario(ROOT / "scenarios" / "quickstart.toml", ["scenario.seed=1"])  # another key: loads its own
     with pytest.raises(AssertionError, match="loaded the dataset again"):
         runner.prepare_data(other)
+
+
+def test_a_damaged_shared_folder_is_not_mapped_and_the_worker_loads_its_own(tmp_path: Path) -> None:
+    share(load_dataset("digits"), tmp_path, "k")
+    manifest = json.loads((tmp_path / "dataset.json").read_text())
+    for damage in ({**manifest, "task": "regression"}, {**manifest, "arrays": ["../x_train"]},
+                   {k: v for k, v in manifest.items() if k != "num_classes"}, ["k"]):
+        (tmp_path / "dataset.json").write_text(json.dumps(damage))
+        assert mapped(tmp_path, "k") is None, damage
+    (tmp_path / "dataset.json").write_text("{not json")
+    assert mapped(tmp_path, "k") is None
+    (tmp_path / "dataset.json").write_text(json.dumps(manifest))
+    (tmp_path / "x_test.npy").unlink()  # the folder half gone
+    assert mapped(tmp_path, "k") is None
