@@ -627,6 +627,12 @@ def _add_run_commands(sub: Any) -> None:
                         "interrupted run")
     p.add_argument("--insecure", action="store_true", help="the nodes talk plain TCP without keys (as --set "
                                                                "mesh.insecure=true): to measure what keys cost")
+    p.add_argument("--engine", choices=("local", "ray"),
+                   help="what starts the worker processes (as --set scenario.engine=...): local (this machine, the "
+                        "default) or ray (placed by Ray over a cluster; pip install -e '.[ray]')")
+    p.add_argument("--address", metavar="HOST:PORT",
+                   help="with --engine ray: the Ray cluster to run on (as --set ray.address=...; default: a "
+                        "cluster of this machine alone, started for the run)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-vv: debug)")
     p.set_defaults(func=cmd_run)
@@ -647,6 +653,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"p2pfed: WARNING: --insecure: {INSECURE_HELP}", file=sys.stderr)
         if args.command == "run":
             args.overrides.append("mesh.insecure=true")
+    if args.command == "run":  # what places the run: settings of the scenario, recorded in its run folder's copy
+        if args.address and args.engine not in (None, "ray"):
+            print("p2pfed: --address is a Ray cluster's: it goes with --engine ray", file=sys.stderr)
+            return 2
+        if args.engine or args.address:
+            args.overrides.append("scenario.engine=ray" if args.address else f"scenario.engine={args.engine}")
+        if args.address:
+            args.overrides.append(f"ray.address={args.address}")
     try:
         return int(args.func(args))
     except (ConfigError, ValueError, FileNotFoundError, FileExistsError, OSError) as exc:

@@ -3,9 +3,10 @@
 #   Debian packages (as root, when missing): mosquitto for the broker tests, iproute2 for the multihost test,
 #   chromium for the dashboard's browser test,
 #   the word lists of the scandinavian dataset (wnorwegian, wswedish, wdanish).
-#   Python packages: torch 2.14.1 and torchvision 0.29.1 (from this machine's disk), p2pfed and its test extras.
+#   Python packages: torch 2.14.1 and torchvision 0.29.1 (from this machine's disk), p2pfed and its test and ray
+#   extras.
 # Then: ruff and mypy over p2pfed/, import-linter's layers contract, the default (fast) tests, then the multihost, broker,
-# browser and slow tests, with the
+# browser, ray and slow tests, with the
 # line coverage of both (node processes included) printed at the end: a figure to read, not a gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,13 +23,13 @@ if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
   fi
 fi
-python3 -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 -e '.[test]'
+python3 -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 -e '.[test,ray]'
 echo "== ruff"; python3 -m ruff check p2pfed tests benchmarks tools
 echo "== mypy"; python3 -m mypy p2pfed
 echo "== layers"  # the contract in pyproject.toml: imports run one way, down the layers
 python3 -c "from importlinter.cli import lint_imports_command; lint_imports_command(['--no-cache'])"
 rm -f .coverage .coverage.*
 echo "== default tests"; python3 -m pytest -q --cov --cov-report=
-echo "== multihost, broker, browser and slow tests"; python3 -m pytest -q -m "multihost or broker or browser or slow" \
+echo "== multihost, broker, browser, ray and slow tests"; python3 -m pytest -q -m "multihost or broker or browser or ray or slow" \
   --cov --cov-append \
   --cov-report=term

@@ -19,7 +19,7 @@ from p2pfed.config import MeshConfig, NodeConfig, load_node_config
 from p2pfed.learn.partition import PARTITIONS
 from p2pfed.methods import METHODS, OPTIONS
 from p2pfed.methods.options import options_of
-from p2pfed.scenario.config import Adversary, DataConfig, Event, Scenario, TrainConfig, load_scenario
+from p2pfed.scenario.config import Adversary, DataConfig, Event, RayConfig, Scenario, TrainConfig, load_scenario
 from tests.helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ UNDOCUMENTED = {
 
 # what each heading of configuration.md documents, listed here apart from the generator
 TABLES: dict[str, type] = {
-    "[scenario]": Scenario, "[data]": DataConfig, "[train]": TrainConfig, "[mesh]": MeshConfig,
+    "[scenario]": Scenario, "[data]": DataConfig, "[train]": TrainConfig, "[mesh]": MeshConfig, "[ray]": RayConfig,
     "[[events]]": Event, "[[adversaries]]": Adversary,
     "[node] or [bootstrap]": NodeConfig, "[node.mesh] or [bootstrap.mesh]": MeshConfig,
     **{f'[data.partition] kind = "{kind}"': cls for kind, cls in PARTITIONS.items()},
@@ -75,6 +75,7 @@ TABLES: dict[str, type] = {
 # fields that are a table of their own (load_scenario, load_node_config), not a key of their class's table
 OWN_TABLES = {
     ("Scenario", "data"): "[data]", ("Scenario", "train"): "[train]", ("Scenario", "mesh"): "[mesh]",
+    ("Scenario", "ray"): "[ray]",
     ("Scenario", "events"): "[[events]]", ("Scenario", "adversaries"): "[[adversaries]]",
     ("Scenario", "method_tables"): "[methods.NAME]", ("DataConfig", "partition"): "[data.partition]",
     ("NodeConfig", "mesh"): "[node.mesh] or [bootstrap.mesh]",
@@ -147,7 +148,7 @@ def test_a_file_with_every_key_at_its_documented_default_loads_as_the_defaults(t
                                                                               configuration: str) -> None:
     """What the page says is accepted is: each table written out from the page loads, and gives the defaults."""
     found = sections(configuration)
-    tables = {name: documented_defaults(found[f"[{name}]"]) for name in ("scenario", "data", "train", "mesh")}
+    tables = {name: documented_defaults(found[f"[{name}]"]) for name in ("scenario", "data", "train", "mesh", "ray")}
     lists = {name: [documented_defaults(found[f"[[{name}]]"])] for name in ("events", "adversaries")}
     for kind, cls in PARTITIONS.items():
         partition = {"kind": kind, **documented_defaults(found[f'[data.partition] kind = "{kind}"'])}
@@ -157,6 +158,7 @@ def test_a_file_with_every_key_at_its_documented_default_loads_as_the_defaults(t
         assert (scenario.data, scenario.train, scenario.mesh) == (DataConfig(partition=cls()), TrainConfig(),
                                                                   MeshConfig())
         assert (scenario.events, scenario.adversaries) == ([Event()], [Adversary()])
+        assert scenario.ray == RayConfig()
     for name, options in OPTIONS.items():
         if options is not None:
             scenario.method_tables = {name: documented_defaults(found[f"[methods.{name}]"])}

@@ -33,6 +33,12 @@ def own_index(name: str) -> int:
     return zlib.crc32(name.encode()) % 1_000_003
 
 
+def any_port(bind: str) -> str:
+    """The address bind names with the port left to the system: tcp://HOST:PORT -> tcp://HOST:0."""
+    host = bind[len("tcp://"):].rsplit(":", 1)[0] if bind.startswith("tcp://") else "127.0.0.1"
+    return f"tcp://{host}:0"
+
+
 def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario) -> None:
     """Take the scenario's mesh settings (timing, message size cap): every member of a scenario's mesh must
     agree on them. The mesh name stays the one given (--mesh, "default"), as a bootstrap started without a
@@ -107,8 +113,11 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
             cfg.name = scenario.node_name(index)
             endpoint = make_endpoint(cfg, "node", recipe_of(scenario, method, dataset))
             endpoints.append(endpoint)
-            await endpoint.start(cfg.bind if len(indices) == 1 else "tcp://127.0.0.1:0", cfg.join,
-                                 cfg.advertise or None)
+            # a group's nodes each take a port of their own on the host asked for (a port, or an address to
+            # advertise, given is one node's: the others' addresses are told by their sockets)
+            alone = len(indices) == 1
+            await endpoint.start(cfg.bind if alone else any_port(cfg.bind), cfg.join,
+                                 (cfg.advertise if alone else "") or None)
             node = make_node(scenario, scenario_node(scenario, index, dataset, partition), method, endpoint, out,
                              coordinator=coordinator, conduct=conduct_of(scenario, index))
             node.send_delay = send_delay

@@ -179,6 +179,7 @@ class InProcessMesh:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.run = MethodRun(method)
         self.starting: str | None = None  # the member being started: a start that fails names it
+        self.host = "127.0.0.1"  # where the bootstrap and a coordinator listen (Ray: where its actors reach them)
 
     def present(self) -> list[str]:
         """The members that are to finish: those started and not stopped by a scripted leave or crash."""
@@ -194,7 +195,7 @@ class InProcessMesh:
 
     async def start(self) -> None:
         self.boot = member(self.scenario, self.method, "bootstrap", self.out, "bootstrap")
-        await self.boot.start("tcp://127.0.0.1:0")
+        await self.boot.start(f"tcp://{self.host}:0")
 
     def entry(self, via: int = -1) -> str:
         """The ticket a joiner joins through: node via's if it runs, else the bootstrap's."""
@@ -404,7 +405,7 @@ async def _start_coordinator(mesh: InProcessMesh, wait_for: int) -> tuple[Coordi
     endpoint = member(mesh.scenario, mesh.method, "coordinator", mesh.out, "coordinator",
                       recipe_of(mesh.scenario, mesh.method, mesh.dataset))
     try:
-        await endpoint.start("tcp://127.0.0.1:0", [mesh.boot.ticket])
+        await endpoint.start(f"tcp://{mesh.host}:0", [mesh.boot.ticket])
         await endpoint.wait_joined(30)
         coordinator = make_coordinator(mesh.scenario, mesh.method, endpoint, mesh.dataset, mesh.partition, mesh.out)
     except BaseException:
@@ -449,7 +450,11 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                   *out.glob("run.json")]:
         stale.unlink()
     in_children = scenario.processes or scenario.workers > 1
-    mesh: InProcessMesh = (ProcessMesh if in_children else InProcessMesh)(scenario, method, dataset, partition, out)
+    kind: type[InProcessMesh] = ProcessMesh if in_children else InProcessMesh
+    if scenario.engine == "ray":  # worker processes placed by Ray (an optional extra: imported only here)
+        from p2pfed.launch.ray_engine import RayMesh
+        kind = RayMesh
+    mesh = kind(scenario, method, dataset, partition, out)
     mesh.run.device = device_of(scenario)
     t0 = time.monotonic()
     late = {ev.node for ev in scenario.events if ev.action == "join"}
@@ -534,7 +539,11 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     allow_open_files()  # a socket per peer: as many open files as the hard limit allows (children inherit it)
     with contextlib.ExitStack() as cleanup:
         share_to = None
-        if scenario.processes or scenario.workers > 1:  # worker processes map one copy of the dataset
+        if scenario.engine == "ray":  # connected to the Ray cluster for the run (or one of this machine started)
+            from p2pfed.launch.ray_engine import ray_session
+            cleanup.enter_context(ray_session(scenario))
+        if scenario.processes or scenario.workers > 1 or scenario.engine == "ray":  # worker processes (this
+            # machine's) map one copy of the dataset
             share_to = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="p2pfed-data-")))
         dataset, partition = prepare_data(scenario, share_to)
         return _run_methods(scenario, out, dataset, partition, progress)

@@ -25,7 +25,9 @@ from p2pfed.wire.messages import clip, is_name
 
 ACTIONS = ("join", "leave", "crash", "slow")
 ADVERSARIES = ("label-flip", "noise-model", "free-rider")  # what each does: p2pfed/launch/adversary.py
-SCENARIO_TABLES = ("scenario", "data", "train", "mesh")
+SCENARIO_TABLES = ("scenario", "data", "train", "mesh", "ray")
+ENGINES = ("local", "ray")  # what places a scenario's node processes (launch/runner.py, launch/ray_engine.py)
+PLACEMENTS = ("spread", "pack")  # Ray placement group strategies: SPREAD and PACK
 
 
 @dataclass
@@ -89,6 +91,34 @@ class TrainConfig:
 
 
 @dataclass
+class RayConfig:
+    """Where Ray places a scenario's node processes (scenario.engine = "ray", launch/ray_engine.py): the cluster
+    and what each worker process is given. Ray only places and supervises them; they still talk ZeroMQ."""
+
+    # the cluster to join: "HOST:6379" (a head started with `ray start --head`), "auto" (the cluster this machine
+    # belongs to), or "" to start a cluster of this machine alone for the run
+    address: str = ""
+    cpus: float = 1.0  # CPUs Ray reserves for each worker process (an actor): workers per machine = its CPUs / cpus
+    gpus: float = 0.0  # the share of a GPU each worker process is given (0.25: four share one GPU)
+    placement: str = "spread"  # spread the worker processes over the cluster's machines, or pack them on few
+    restarts: int = 1  # times Ray restarts a dead worker process (its nodes resume from their checkpoints)
+
+    def validate(self, where: str = "") -> None:
+        checks = [
+            (0 < self.cpus <= 1024, f"{where}cpus must be in (0, 1024] (got {self.cpus})"),
+            (0 <= self.gpus <= 64, f"{where}gpus must be in [0, 64] (got {self.gpus})"),
+            (self.placement in PLACEMENTS,
+             f"{where}placement must be one of {', '.join(PLACEMENTS)} (got {clip(self.placement, 40)})"),
+            (0 <= self.restarts <= 100, f"{where}restarts must be in [0, 100] (got {self.restarts})"),
+            (len(self.address) <= 256 and all(c.isalnum() or c in ".:-_[]/" for c in self.address),
+             f"{where}address must be HOST:PORT, auto, or empty (got {clip(self.address, 40)})"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+
+@dataclass
 class Event:
     """A scripted event: a node joins late, leaves, crashes (and restarts), or its link slows."""
 
@@ -119,9 +149,12 @@ class Scenario:
     methods: list[str] = field(default_factory=list)  # the methods to run (checked by methods.check_scenario)
     processes: bool = False  # one process per node (as on separate machines)
     workers: int = 1  # or: spread the nodes over this many processes (a process's open files are limited)
+    # what starts those processes: "local" (this machine), or "ray" (placed by Ray over a cluster, [ray])
+    engine: str = "local"
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     events: list[Event] = field(default_factory=list)
     adversaries: list[Adversary] = field(default_factory=list)
     # the [methods.NAME] tables: each a method's own options, read and checked by that method
@@ -142,9 +175,11 @@ class Scenario:
         return next((a.kind for a in self.adversaries if a.node == index), None)
 
     def settings(self, *ignore: str) -> dict[str, Any]:
-        """What makes two runs comparable, by table: every setting but the methods, the file it came from and
-        the [scenario] keys in ignore (a run over seeds compares its seeds' runs without scenario.seed)."""
-        settings = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("methods", "path")}
+        """What makes two runs comparable, by table: every setting but the methods, the file it came from, where
+        the run was placed (engine, [ray]: the same seed gives the same results on any) and the [scenario] keys in
+        ignore (a run over seeds compares its seeds' runs without scenario.seed)."""
+        settings = {k: v for k, v in dataclasses.asdict(self).items()
+                    if k not in ("methods", "path", "engine", "ray")}
         settings["data"]["partition"]["kind"] = self.data.partition.kind  # a class's name, not a field
         for key in ignore:
             settings.pop(key, None)
@@ -194,6 +229,7 @@ class Scenario:
                               f"{DATASET_OF[groups]}, not of {self.data.dataset}")
         self._check_scripted(where)
         self.mesh.validate(f"{where}mesh.")
+        self.ray.validate(f"{where}ray.")
 
     def _setting_checks(self) -> list[tuple[bool, str]]:
         """(holds, what to say if not) for the [scenario], [data] and [train] settings."""
@@ -242,6 +278,11 @@ class Scenario:
                                   f"[methods.{name}]")
         if self.workers < 1:
             raise ConfigError(f"{where}workers must be at least 1")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"{where}engine must be one of {', '.join(ENGINES)} (got {clip(self.engine, 40)})")
+        if self.events and self.engine == "ray" and not self.processes:
+            raise ConfigError(f"{where}events on Ray need processes = true (a node a worker process: a scripted "
+                              "crash stops one node, not its whole process)")
         if self.events and self.workers > 1 and not self.processes:
             raise ConfigError(f"{where}events need workers = 1 (all nodes here) or processes = true")
         for i, adv in enumerate(self.adversaries):

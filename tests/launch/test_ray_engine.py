@@ -1,0 +1,205 @@
+"""Ray places a scenario's worker processes (scenario.engine = "ray"): the same results as the local engine for the
+same seed, nodes on two Ray nodes still talking ZeroMQ, and a worker process Ray restarts resuming its nodes from
+their checkpoints. The tests that start a Ray cluster are marked `ray`; the rest need no Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2pfed.cli import main
+from p2pfed.config import ConfigError
+from p2pfed.launch.member import any_port
+from p2pfed.launch.ray_engine import TOKEN, NodeGroup, require_ray
+from p2pfed.scenario.config import load_scenario
+from tests.helpers import wait_for
+
+# Two clusters of three nodes on the bundled digits, learning fast (a logistic regression): seconds a method.
+SCENARIO = """
+[scenario]
+name = "placed"
+seed = 3
+nodes = 6
+rounds = 4
+workers = 2
+methods = ["oracle-p2p", "local-p2p"]
+[data]
+dataset = "digits"
+max_train = 16
+[data.partition]
+kind = "pathological"
+clusters = 2
+[train]
+model = "logreg"
+batch_size = 16
+lr = 0.05
+round_timeout = 20
+[mesh]
+heartbeat = 0.5
+"""
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    path = tmp_path / "placed.toml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def finals(run: Path, method: str) -> dict[str, float]:
+    """Each node's final accuracy in a method's run folder."""
+    out = {}
+    for records in sorted((run / method).glob("n*.jsonl")):
+        for line in records.read_text().splitlines():
+            record = json.loads(line)
+            if record["event"] == "final":
+                out[record["node"]] = record["accuracy"]
+    return out
+
+
+def test_ray_settings_are_checked_and_named(scenario_file: Path) -> None:
+    placed = load_scenario(scenario_file, ["scenario.engine=ray", "ray.address=10.0.0.5:6379", "ray.gpus=0.25"])
+    assert (placed.engine, placed.ray.address, placed.ray.gpus) == ("ray", "10.0.0.5:6379", 0.25)
+    # where a run is placed does not change what it is: its run folder takes the same scenario on either engine
+    assert not placed.differs_from(load_scenario(scenario_file))
+    for override, said in [("scenario.engine=rayy", "engine must be one of local, ray (got 'rayy')"),
+                           ("ray.cpus=0", "ray.cpus must be in (0, 1024]"),
+                           ("ray.placement=scatter", "ray.placement must be one of spread, pack"),
+                           ("ray.restarts=-1", "ray.restarts must be in [0, 100]"),
+                           ("ray.address=host;rm -rf", "ray.address must be HOST:PORT, auto, or empty"),
+                           ("ray.adress=x", "ray.adress is not a known key")]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_scenario(scenario_file, [override])
+    # a scripted crash stops a worker process: on Ray that must be one node's
+    events = ["scenario.engine=ray", "scenario.events=[{round = 1, action = 'crash', node = 2}]"]
+    with pytest.raises(ConfigError, match="events on Ray need processes = true"):
+        load_scenario(scenario_file, events)
+    load_scenario(scenario_file, [*events, "scenario.processes=true"])
+
+
+def test_without_ray_the_error_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # an import of ray fails, as where it is not installed
+    with pytest.raises(ConfigError, match=re.escape("pip install -e '.[ray]'")):
+        require_ray()
+
+
+def test_address_goes_with_the_ray_engine(scenario_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(scenario_file), "--engine", "local", "--address", "h:6379", "-q"]) == 2
+    assert "--address is a Ray cluster's: it goes with --engine ray" in capsys.readouterr().err
+
+
+def test_a_group_of_nodes_listens_on_the_host_asked_for_each_on_a_port_of_its_own() -> None:
+    # the nodes of one process all bound loopback before, whatever --bind said: unreachable from another machine
+    assert any_port("tcp://10.1.2.3:7000") == "tcp://10.1.2.3:0"
+    assert any_port("tcp://0.0.0.0:0") == "tcp://0.0.0.0:0"
+
+
+def test_a_worker_process_writes_to_the_run_folder_only_where_it_sees_the_drivers(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / TOKEN).write_text("abc")
+    assert NodeGroup({"out": str(run), "token": "abc"}).folder() == (run, True)
+    # another machine: no such folder, or one of another run there; its own folder, named by the run's token
+    # (a restarted actor on that machine finds its nodes' checkpoints in it)
+    folder, shared = NodeGroup({"out": str(run), "token": "other"}).folder()
+    assert not shared and folder.name == "p2pfed-ray-other" and folder.is_dir()
+    assert NodeGroup({"out": str(tmp_path / "absent"), "token": "other"}).folder() == (folder, False)
+    folder.rmdir()
+
+
+# --- with a Ray cluster --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_ray_nodes() -> Iterator[Any]:
+    """A Ray cluster of two Ray nodes on this machine (as `ray start --head` and `ray start --address` on two
+    machines would make), one CPU each, so that two worker processes land one on each."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "p2pfed", "run", *args, "-q"], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def ray_nodes_of(run: Path, method: str) -> set[str]:
+    """The Ray nodes a method's worker processes said they ran on (their logs)."""
+    said = "\n".join(p.read_text() for p in (run / method).glob("*group.log"))
+    return set(re.findall(r"\(Ray node (\w+)\)", said))
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_run_spread_over_two_ray_nodes_gives_the_local_engines_results(two_ray_nodes: Any, scenario_file: Path,
+                                                                        tmp_path: Path) -> None:
+    local = run_cli(str(scenario_file), "--out", str(tmp_path / "local"), cwd=tmp_path)
+    assert local.wait(300) == 0, local.stdout.read().decode() if local.stdout else ""
+    placed = run_cli(str(scenario_file), "--out", str(tmp_path / "ray"), "--address", two_ray_nodes.address,
+                     cwd=tmp_path)
+    said = placed.communicate(timeout=300)[0].decode()
+    assert placed.returncode == 0, said
+    for method in ("oracle-p2p", "local-p2p"):
+        assert len(ray_nodes_of(tmp_path / "ray", method)) == 2  # a worker process on each Ray node
+        assert finals(tmp_path / "ray", method) == finals(tmp_path / "local", method)
+        assert len(finals(tmp_path / "ray", method)) == 6
+        assert not (tmp_path / "ray" / method / TOKEN).exists()
+    local_table = json.loads((tmp_path / "local" / "summary.json").read_text())["methods"]
+    ray_table = json.loads((tmp_path / "ray" / "summary.json").read_text())["methods"]
+    for method in local_table:
+        assert ray_table[method]["accuracy"] == local_table[method]["accuracy"]
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_killed_worker_process_is_restarted_by_ray_and_its_nodes_resume_from_their_checkpoints(
+        two_ray_nodes: Any, scenario_file: Path, tmp_path: Path) -> None:
+    rounds = ["--set", "scenario.rounds=40", "--methods", "local-p2p"]
+    local = run_cli(str(scenario_file), "--out", str(tmp_path / "local"), *rounds, cwd=tmp_path)
+    assert local.wait(300) == 0
+    run = tmp_path / "ray"
+    placed = run_cli(str(scenario_file), "--out", str(run), "--address", two_ray_nodes.address, *rounds,
+                     cwd=tmp_path)
+    group_log = run / "local-p2p" / "n00-group.log"
+
+    def past_round_3() -> bool:
+        records = run / "local-p2p" / "n00.jsonl"
+        return records.exists() and any(json.loads(line).get("round", 0) >= 3
+                                        for line in records.read_text().splitlines())
+
+    wait_for(lambda: group_log.exists() and past_round_3(), 120, "n00 past round 3")
+    pid = int(re.findall(r"worker process (\d+) on", group_log.read_text())[0])
+    os.kill(pid, signal.SIGKILL)  # as a machine's OOM killer or a crash would
+    said = placed.communicate(timeout=300)[0].decode()
+    assert placed.returncode == 0, said
+    log = group_log.read_text()
+    pids = re.findall(r"worker process (\d+) on", log)
+    assert len(pids) == 2 and pids[0] != pids[1]  # Ray started it again
+    assert "n00: resumed from its checkpoint at round" in log
+    # its nodes finished, and (local training is seeded by node and round) exactly as without the kill
+    assert finals(run, "local-p2p") == finals(tmp_path / "local", "local-p2p")
+
+
+def test_ray_is_not_imported_until_a_run_asks_for_it() -> None:
+    # pip install p2pfed without the ray extra keeps working, and a local run does not pay for Ray's import
+    code = "import sys, p2pfed.launch.ray_engine, p2pfed.launch.runner; print('ray' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
