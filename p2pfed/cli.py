@@ -123,6 +123,47 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         state_dir=Path(args.state) if args.state else None))
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Start nodes with their own data on the machines of a Ray cluster, and a bootstrap here; run until they end."""
+    import time
+
+    from p2pfed.launch.deploy import check_deploy, deploy, parse_placement
+    from p2pfed.launch.ray_engine import ray_session
+    from p2pfed.scenario.config import RayConfig
+
+    placements = [parse_placement(text, Path.cwd()) for text in args.data]
+    config = RayConfig(address=args.address or "", cpus=args.cpus, gpus=args.gpus, restarts=args.restarts,
+                       authenticated=not args.ray_unauthenticated)
+    config.validate("--")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535 (got {args.port})")
+    method = check_deploy(Path(args.recipe), placements, args.method, config)
+    out = Path(args.out) if args.out else Path("runs") / f"deploy-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def started(ticket: str) -> None:
+        print(f"bootstrap ticket: {ticket} (more nodes may join with --join {ticket})", file=sys.stderr)
+
+    with ray_session(config, len(placements)), ProgressBars(enabled=not args.quiet) as bars:
+        failed: dict[str, str] = {}
+
+        async def run(stop: asyncio.Event) -> None:
+            failed.update(await deploy(Path(args.recipe), placements, out, stop, method=method, mesh=args.mesh,
+                                       insecure=args.insecure, config=config, port=args.port,
+                                       progress=bars.update, started=started))
+
+        _run_until_signal(run)
+    from p2pfed.report.records import read_records
+
+    finals = {r["node"]: r for r in read_records(out) if r.get("event") == "final" and "node" in r}
+    for p in placements:
+        final = finals.get(p.name)
+        said = (f"accuracy {100 * final['accuracy']:.2f} %, chose {', '.join(final.get('chosen') or []) or 'no one'}"
+                if final else failed.get(p.name, "no final record"))
+        print(f"{p.name:12s} on {p.host:15s} {said}")
+    print(f"\ndeploy folder: {out} (each node's records and log; its model stays on its machine)")
+    return _failed([f"{name} did not finish: {why}" for name, why in failed.items()])
+
+
 def _status_keys(args: argparse.Namespace) -> tuple[Any, bytes | None]:
     """The keys to ask a mesh with (a closed mesh's from --keys, else a pair of this process's own; none with
     --insecure) and the public key of the member at --join: from its ticket, else --join-key."""
@@ -545,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_member_commands(sub)
     _add_tool_commands(sub)
     _add_run_commands(sub)
+    _add_deploy_command(sub)
     _add_model_commands(sub)
     return parser
 
@@ -586,6 +628,31 @@ def _add_member_commands(sub: Any) -> None:
                    help="wait until this many nodes are alive before round 0")
     p.set_defaults(func=cmd_coordinator)
 
+
+
+def _add_deploy_command(sub: Any) -> None:
+    """deploy: nodes with their own data on a Ray cluster's machines, from one command."""
+    p = sub.add_parser("deploy", help="start nodes with their own data on the machines of a Ray cluster "
+                                      "(pip install -e '.[ray]')")
+    p.add_argument("recipe", help="the recipe TOML the mesh shares (model, method, training), e.g. node/recipe.toml")
+    p.add_argument("--data", action="append", required=True, metavar="[NAME=]HOST:PATH",
+                   help="one node: its data at PATH on the cluster's machine HOST (its address in the cluster), "
+                        "named NAME (default: the file's stem); repeat for each node")
+    p.add_argument("--address", help="the Ray cluster (HEAD:6379; default: a cluster of this machine alone)")
+    p.add_argument("--method", help="the method the nodes run (default: the recipe's first)")
+    p.add_argument("--out", help="folder for the nodes' records and logs (default: runs/deploy-TIME)")
+    p.add_argument("--mesh", default="default", help="the mesh's name (default: default)")
+    p.add_argument("--port", type=int, default=0, help="the bootstrap's port (default: any free one)")
+    p.add_argument("--cpus", type=float, default=1.0, help="CPUs Ray reserves for each node (default 1)")
+    p.add_argument("--gpus", type=float, default=0.0, help="the share of a GPU each node is given (default 0)")
+    p.add_argument("--restarts", type=int, default=1, help="times Ray restarts a node's dead process (default 1)")
+    p.add_argument("--insecure", action="store_true", help="plain TCP without keys: only where every host is trusted")
+    p.add_argument("--ray-unauthenticated", action="store_true",
+                   help="join a Ray cluster that runs without token authentication (with a warning): only where "
+                        "every host is trusted")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-vv: debug)")
+    p.set_defaults(func=cmd_deploy)
 
 
 def _add_tool_commands(sub: Any) -> None:
@@ -668,6 +735,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # Ray's own errors (a cluster lost mid-run) in one line; anything else is a bug
+        if not type(exc).__module__.startswith("ray."):
+            raise
+        print(f"p2pfed: Ray: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,7 @@ from tests.helpers import p2pfed, peer_states, status, stop, wait_for
 from tests.netns import Network, network
 
 pytestmark = pytest.mark.multihost
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -149,52 +152,111 @@ def test_the_manuals_cross_machine_recipe_works_as_written(net: Network, tmp_pat
         stop(*procs)
 
 
-@pytest.mark.ray
-@pytest.mark.timeout(600)
-def test_the_ray_cluster_recipe_runs_as_written(net: Network, tmp_path: Path) -> None:
-    # docs/ray.md's cluster of three machines, its block run line by line on hosts A, B and C (A, B, C in it are
-    # their addresses), the quickstart cut to two rounds. Each `ray start` runs with --block, so that the test
-    # holds its process and ends it. Host C sees no run folder (a tmpfs over its parent, in C's own mount
-    # namespace, as on a machine without a shared file system): its records come back through Ray.
-    pytest.importorskip("ray")
-    root = Path(__file__).resolve().parents[1]
-    page = (root / "docs" / "ray.md").read_text()
-    block = page.split("<!-- recipe: ray-cluster -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    lines = [line.split() for line in block.splitlines() if line and not line.startswith("#")]
-    assert [line[:2] for line in lines] == [["ray", "start"]] * 3 + [["p2pfed", "run"]]
-    hosts = {"A": 1, "B": 2, "C": 3}
+RAY_HOSTS = {"A": 1, "B": 2, "C": 3}
 
-    def as_written(args: list[str]) -> list[str]:
-        return [net.addr(hosts[a]) if a in hosts else a.replace("A:", f"{net.addr(1)}:") for a in args]
 
+def ray_recipe(block: str) -> list[list[str]]:
+    """A docs/ray.md block's commands (the lines that are no comment), each split into words."""
+    page = (ROOT / "docs" / "ray.md").read_text()
+    text = page.split(f"<!-- recipe: {block} -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split() for line in text.replace("\\\n", " ").splitlines() if line and not line.startswith("#")]
+
+
+def as_written(net: Network, args: list[str]) -> list[str]:
+    """A recipe's words on this network: A, B and C (alone, or before :PORT or :PATH) are the hosts' addresses."""
+    return [re.sub(r"(^|=)([ABC])(?=:|$)", lambda m: m[1] + net.addr(RAY_HOSTS[m[2]]), a) for a in args]
+
+
+@contextmanager
+def ray_cluster(net: Network, tmp_path: Path, hidden: Path) -> Iterator[dict[str, str]]:
+    """docs/ray.md's cluster of three machines, its lines before the run done as written on hosts A, B and C: the
+    exports set the environment every machine and the driver get (yielded), the token is made on A (the hosts
+    share one home folder, so it is on B and C too), and each `ray start` runs with --block, so that the test holds
+    its process and ends it. Host C does not see the folder hidden (a tmpfs over it in C's own mount namespace,
+    as on a machine without a shared file system)."""
+    lines = ray_recipe("ray-cluster")[:-1]
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    for line in [line for line in lines if line[0] == "export"]:
+        key, _, value = line[1].partition("=")
+        env[key] = value
+    assert env.get("RAY_AUTH_MODE") == "token"  # the recipe's cluster is not open to anyone on the network
+    lines = [line for line in lines if line[0] != "export"]
+    assert [line[:2] for line in lines] == [["ray", "get-auth-token"]] + [["ray", "start"]] * 3
     ray_cli = str(Path(sys.executable).with_name("ray"))
-    runs = tmp_path / "runs"
-    runs.mkdir()
+    subprocess.run([*net.on(1), ray_cli, *lines[0][1:]], check=True, capture_output=True, env=env, timeout=60)
     procs = []
     try:
-        for args, h in zip(lines[:3], [1, 2, 3], strict=True):
-            command = " ".join([ray_cli, *as_written(args)[1:], "--block"])
+        for args, h in zip(lines[1:], [1, 2, 3], strict=True):
+            command = " ".join([ray_cli, *as_written(net, args)[1:], "--block"])
             if h == 3:
-                command = f"mount -t tmpfs tmpfs {runs} && exec {command}"
+                command = f"mount -t tmpfs tmpfs {hidden} && exec {command}"
             log = open(tmp_path / f"ray-h{h}.log", "wb")  # noqa: SIM115 - closed with the process
+            host_env = {**env, "P2PFED_HOME": str(tmp_path / f"home{h}")}  # a machine's own key home
             procs.append(subprocess.Popen([*net.on(h), "sh", "-c", command], stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, cwd=root))
+                                          start_new_session=True, cwd=ROOT, env=host_env))
             # each machine in the cluster before the next is started, and all before the run, as a person would
             wait_for(lambda h=h: "Ray runtime started" in (tmp_path / f"ray-h{h}.log").read_text(), 120,
                      f"Ray on host {h}")
-        out = runs / "quick"
-        run = subprocess.run([*net.on(1), sys.executable, "-m", *as_written(lines[3]), "--out", str(out), "-q",
-                              "--set", "scenario.rounds=2", "--set", "scenario.methods=['local-p2p', 'fedavg-p2p']"],
-                             capture_output=True, text=True, cwd=root, timeout=480)
-        assert run.returncode == 0, run.stdout + run.stderr
-        for method in ("local-p2p", "fedavg-p2p"):
-            said = "\n".join(p.read_text() for p in (out / method).glob("*group.log"))
-            placed = set(re.findall(r"worker process \d+ on ([\d.]+)", said))
-            assert placed == {net.addr(h) for h in (1, 2, 3)}, said  # one worker process on each machine
-            assert said.count("is not seen here: records go to") == 1  # C's, whose records came back through Ray
-            finals = [json.loads(line) for p in (out / method).glob("n*.jsonl")
-                      for line in p.read_text().splitlines() if '"final"' in line]
-            assert len(finals) == 20  # C's nodes' records too
-        assert "20/20" in run.stdout
+        yield env
     finally:
         stop(*procs)
+
+
+def finals_in(folder: Path, pattern: str) -> dict[str, dict[str, Any]]:
+    return {r["node"]: r for p in folder.glob(pattern) for line in p.read_text().splitlines()
+            if '"final"' in line and (r := json.loads(line))["event"] == "final"}
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_the_ray_cluster_recipe_runs_as_written(net: Network, tmp_path: Path) -> None:
+    # docs/ray.md's cluster of three machines and its run, the quickstart cut to two rounds; C's records come back
+    # through Ray.
+    pytest.importorskip("ray")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run_line = ray_recipe("ray-cluster")[-1]
+    assert run_line[:2] == ["p2pfed", "run"]
+    with ray_cluster(net, tmp_path, runs) as env:
+        out = runs / "quick"
+        run = subprocess.run([*net.on(1), sys.executable, "-m", *as_written(net, run_line), "--out", str(out), "-q",
+                              "--set", "scenario.rounds=2", "--set", "scenario.methods=['local-p2p', 'fedavg-p2p']"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=480, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for method in ("local-p2p", "fedavg-p2p"):
+        said = "\n".join(p.read_text() for p in (out / method).glob("*group.log"))
+        placed = set(re.findall(r"worker process \d+ on ([\d.]+)", said))
+        assert placed == {net.addr(h) for h in (1, 2, 3)}, said  # one worker process on each machine
+        assert said.count("is not seen here: records go to") == 1  # C's, whose records came back through Ray
+        assert len(finals_in(out / method, "n*.jsonl")) == 20  # C's nodes' records too
+    assert "20/20" in run.stdout
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_the_ray_deploy_recipe_starts_each_node_on_the_machine_of_its_data(net: Network, tmp_path: Path) -> None:
+    # docs/ray.md's `p2pfed deploy` on the same cluster, run as written from A: the own-data example's three
+    # machines (node/example_data.py: a and b hold digits 0-4, c digits 5-9), each node on its data's machine.
+    # pFedLIA finds that a and b help each other; C's node's records come back through Ray.
+    pytest.importorskip("ray")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(ROOT / "node" / "example_data.py"), str(data)], check=True, timeout=60)
+    line = ray_recipe("ray-deploy")[0]
+    assert line[:2] == ["p2pfed", "deploy"]
+    command = [w.replace("/data/", f"{data}/") for w in as_written(net, line)]
+    with ray_cluster(net, tmp_path, runs) as env:
+        out = runs / "mesh"
+        run = subprocess.run([*net.on(1), sys.executable, "-m", *command, "--out", str(out), "-q"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=480,
+                             env={**env, "P2PFED_HOME": str(tmp_path / "home1")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    for name, h in (("a", 1), ("b", 2), ("c", 3)):
+        assert "worker process" in (out / f"{name}.log").read_text()
+        assert f" on {net.addr(h)} " in (out / f"{name}.log").read_text()  # on the machine of its data
+    assert "is not seen here" in (out / "c.log").read_text()
+    final = finals_in(out, "*.jsonl")
+    assert sorted(final["a"]["chosen"]) == ["b"] and sorted(final["b"]["chosen"]) == ["a"]
+    assert "bootstrap ticket: tcp://" in run.stderr
+    assert re.search(r"^a +on 10\.\S+ +accuracy \d+\.\d+ %, chose b$", run.stdout, flags=re.MULTILINE), run.stdout

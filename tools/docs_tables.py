@@ -195,6 +195,22 @@ def flower_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def ray_engine_table(figures: dict[str, Any]) -> str:
+    """benchmarks/ray_engine.py: each engine's median over interleaved runs, Ray's as a ratio to the local one's,
+    and each run's accuracy (which varies from run to run at that size, on either engine)."""
+    r, loc = figures["median"]["ray"], figures["median"]["local"]
+    rows = [f"| what | local processes | Ray {figures['ray']} actors | Ray / local |", "|---|---:|---:|---:|"]
+    for key, what, unit, fmt in (("wall_s", "wall time, launch to exit", "s", ".0f"),
+                                 ("method_s", "the method's own time (run.json)", "s", ".0f"),
+                                 ("cpu_s", "CPU time of the process tree", "s", ".0f"),
+                                 ("peak_mb", "peak memory of the process tree (PSS)", "MB", ".0f")):
+        rows.append(f"| {what} | {loc[key]:{fmt}} {unit} | {r[key]:{fmt}} {unit} | {r[key] / loc[key]:.2f} |")
+    each = {e: ", ".join(f"{100 * run['accuracy']:.2f}" for run in figures["runs"] if run["engine"] == e)
+            for e in ("local", "ray")}
+    rows.append(f"| mean accuracy %, each run | {each['local']} | {each['ray']} | |")
+    return "\n".join(rows)
+
+
 FLOWER_STEPS = (("flower-before.json", "before (4 node processes)"),
                 ("flower.json", "after (4 node processes)"),
                 ("flower-cores.json", "after (2 node processes, a core each)"))
@@ -262,7 +278,7 @@ def sampling_table(figures: dict[str, Any]) -> str:
 
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
-    "lia-gpu.json": lia_gpu_table, "flower.json": flower_table,
+    "lia-gpu.json": lia_gpu_table, "flower.json": flower_table, "ray-engine.json": ray_engine_table,
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table}
 

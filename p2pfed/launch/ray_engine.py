@@ -3,8 +3,13 @@ one node) is a Ray actor on some machine of a Ray cluster, reserved its CPUs and
 group, and restarted by Ray when it dies; its nodes then resume from their checkpoints. Ray only places and
 supervises: the nodes talk ZeroMQ to each other and to the bootstrap (in the driver, where the runner reads the
 round front from its table), exactly as `p2pfed node --scenario` processes do. Records reach the run folder
-directly where an actor's machine sees it (this machine, a shared file system), else they are sent back to the
-driver when the actor's nodes end.
+directly where an actor's machine sees it (this machine, a shared file system), else its nodes' records and its log
+are sent back to the driver when they end (checkpoints and models stay on that machine).
+
+Ray runs code it is sent, unpickled, on every machine of its cluster: the cluster is one trust domain, and Ray's
+token authentication keeps others out of it. A cluster of this machine started for a run gets a token of its own;
+a run at an address refuses a cluster reached without one, unless told it is on a trusted network
+(ray.authenticated = false). Nothing from the mesh goes through Ray: models travel on the checked ZeroMQ wire.
 
 Ray is an optional extra (pip install -e '.[ray]'); nothing here imports it until a run asks for it.
 """
@@ -13,19 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
+import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from p2pfed.config import ConfigError
 from p2pfed.launch.runner import SHARED_DATA, ProcessMesh, keys_folder, member
-from p2pfed.scenario.config import Scenario
+from p2pfed.scenario.config import RayConfig, Scenario
 from p2pfed.wire.messages import clip
 
 log = logging.getLogger(__name__)
@@ -41,9 +48,77 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("scenario.engine = \"ray\" needs Ray, which p2pfed does not install by default: "
-                          "pip install -e '.[ray]' (or pip install ray)") from None
+        raise ConfigError("Ray is needed here, and p2pfed does not install it by default: pip install -e '.[ray]' "
+                          "(or pip install 'ray>=2.52')") from None
     return ray
+
+
+def local_token() -> None:
+    """Token authentication for a cluster of this machine started by this process: a token of its own, in the
+    environment Ray reads it from (its own processes, started by this one, inherit it). Ray reads the mode when it
+    is imported: a process that imported it without token authentication is told so."""
+    if "ray" in sys.modules and os.environ.get("RAY_AUTH_MODE") != "token":
+        log.warning("Ray was imported before its token authentication could be set: this machine's cluster takes "
+                    "anyone's code on its ports for the run")
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+
+
+def check_authenticated(config: RayConfig) -> None:
+    """A cluster at an address is joined only with Ray's token authentication on (RAY_AUTH_MODE=token, the
+    cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN), or where the user said its network is trusted."""
+    if os.environ.get("RAY_AUTH_MODE") == "token":
+        return
+    if config.authenticated:
+        raise ConfigError(f"the Ray cluster at {config.address} is reached without Ray's token authentication, "
+                          "so anyone who reaches its ports could run code on its machines: start every machine "
+                          "and this command with RAY_AUTH_MODE=token and the cluster's token (docs/ray.md), or set "
+                          "ray.authenticated = false on a network where every host is trusted")
+    log.warning("ray.authenticated = false: the Ray cluster at %s runs without token authentication; anyone who "
+                "reaches its ports can run code on its machines", config.address)
+
+
+@contextlib.contextmanager
+def ray_session(config: RayConfig, processes: int) -> Iterator[None]:
+    """Connected to the Ray cluster at config.address (or RAY_ADDRESS's) for the run, or to a cluster of this
+    machine alone started for it (able to place processes actors of config.cpus CPUs) and stopped after; a process
+    already connected (a Ray job's driver) stays so."""
+    address = config.address or os.environ.get("RAY_ADDRESS", "")
+    if not address and "ray" not in sys.modules:
+        local_token()
+    ray = require_ray()
+    if ray.is_initialized():
+        yield
+        return
+    if address:
+        check_authenticated(dataclasses.replace(config, address=address))
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                               "logging_level": logging.WARNING}
+    options["address"] = address or "local"  # "local": a new cluster, even where one runs already
+    if not address:
+        # This machine alone. Its CPUs are logical here: the local runner, too, starts as many processes as the
+        # scenario asks, however many cores there are; Ray is given enough to place them all.
+        options["num_cpus"] = max(os.cpu_count() or 1, int(processes * config.cpus + 0.999))
+    with warnings.catch_warnings():  # Ray's notice of a future default for GPU-less actors (gpus_hidden says it)
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            ray.init(**options)
+        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as exc:
+            raise ConfigError(f"Ray at {address or 'this machine'} could not be joined: {clip(str(exc), 200)} (a "
+                              "cluster is started with `ray start --head`; leave ray.address empty to run on this "
+                              "machine alone)") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def gpus_hidden(device: str, gpus: float, what: str) -> None:
+    """Ray hides every GPU from an actor given none: a device that needs one is refused, "auto" trains on CPU."""
+    if gpus == 0 and device.startswith("cuda"):
+        raise ConfigError(f"train.device = {device!r}, but Ray gives {what} no GPU: set a GPU share (ray.gpus, "
+                          "--gpus; 0.25 has four share one) or train.device = \"cpu\"")
 
 
 def groups_of(scenario: Scenario) -> int:
@@ -51,111 +126,141 @@ def groups_of(scenario: Scenario) -> int:
     return scenario.nodes if scenario.processes else scenario.workers
 
 
-@contextlib.contextmanager
-def ray_session(scenario: Scenario) -> Iterator[None]:
-    """Connected to the scenario's Ray cluster for the run ([ray] address), or to a cluster of this machine
-    alone started for it and stopped after; a process already connected (a Ray job) stays so."""
-    ray = require_ray()
-    if ray.is_initialized():
-        yield
-        return
-    config = scenario.ray
-    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                               "logging_level": logging.WARNING}
-    if config.address:
-        options["address"] = config.address
-    else:
-        # This machine alone. Its CPUs are logical here: the local runner, too, starts as many processes as the
-        # scenario asks, however many cores there are; Ray is given enough to place them all.
-        options["num_cpus"] = max(os.cpu_count() or 1, int(groups_of(scenario) * config.cpus + 0.999))
-    with warnings.catch_warnings():  # Ray's notice of a future default for GPU-less actors: not the user's
-        warnings.simplefilter("ignore", FutureWarning)
-        try:
-            ray.init(**options)
-        except ConnectionError as exc:
-            raise ConfigError(f"ray.address {config.address!r}: no Ray cluster answered ({clip(str(exc), 160)}); "
-                              "start one with `ray start --head`, or leave ray.address empty to run on this "
-                              "machine alone") from None
-    try:
-        yield
-    finally:
-        ray.shutdown()
+def machines(ray: Any) -> dict[str, str]:
+    """The cluster's live machines: address -> Ray node id."""
+    return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def bind_host(ray: Any) -> str:
     """Where the members of a run listen: loopback when every machine of the cluster is this one (nothing
     leaves it), else each machine's own address in the cluster, which its peers reach it by."""
     me = ray.util.get_node_ip_address()
-    machines = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-    return LOOPBACK if machines <= {me} else me
+    return LOOPBACK if set(machines(ray)) <= {me} else me
 
 
-class NodeGroup:
-    """One worker process of a scenario's run, as a Ray actor: the nodes of some indices, run as
-    `p2pfed node --scenario FILE --index ...` runs them, until they end or the driver stops them."""
+def actor_options(config: RayConfig, strategy: Any) -> dict[str, Any]:
+    """How Ray runs one of our actors: its CPUs and GPU share, restarted up to config.restarts times with its run
+    call made again (its nodes resume from their checkpoints), stop callable beside run, placed by strategy."""
+    return {"num_cpus": config.cpus, "num_gpus": config.gpus, "max_restarts": config.restarts,
+            "max_task_retries": -1 if config.restarts else 0, "max_concurrency": 4,
+            "scheduling_strategy": strategy}
+
+
+def write_back(result: dict[str, Any], out: Path) -> str | None:
+    """What an actor's run returned: write the files it sent back into out (a name is only a name: no folder,
+    nothing hidden); return why it failed, if it did."""
+    for name, data in result.get("files", {}).items():
+        if isinstance(name, str) and "/" not in name and not name.startswith(".") and isinstance(data, bytes):
+            (out / name).write_bytes(data)
+    return result.get("error")
+
+
+def why_failed(exc: BaseException) -> str:
+    """One line for an actor that Ray could not run to its end (its process died past its restarts)."""
+    return clip(repr(getattr(exc, "cause", None) or exc), 300)
+
+
+class Placed:
+    """A Ray actor that runs members of a mesh until they end or the driver stops them, writing where the driver
+    sees it if it can (spec: names, out, token, log, loopback, and what the kind of actor runs)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
-        self.stopping: asyncio.Event | None = None
+        self.stopping = asyncio.Event()  # made here: a stop may come before run has begun
+        self.handler: logging.Handler | None = None
+
+    def private(self) -> Path:
+        """A folder of this machine that is this actor's alone (its first member's name, under the run's token),
+        readable by its user only; a restarted actor on the same machine finds it again."""
+        folder = Path(tempfile.gettempdir()) / f"p2pfed-ray-{self.spec['token']}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        own = folder / self.spec["names"][0]
+        own.mkdir(mode=0o700, exist_ok=True)
+        return own
 
     def folder(self) -> tuple[Path, bool]:
-        """Where this process writes its nodes' records and checkpoints, and whether it is the driver's run
-        folder: it is when the token the driver wrote there reads the same here, else a folder of this machine
-        named by the token (a restarted actor on the same machine finds its nodes' checkpoints there)."""
+        """Where this process writes its members' records and checkpoints, and whether it is the driver's run
+        folder: it is when the token the driver wrote there reads the same here, else the private folder."""
         out = Path(self.spec["out"])
         with contextlib.suppress(OSError):
             if (out / TOKEN).read_text() == self.spec["token"]:
                 return out, True
-        local = Path(tempfile.gettempdir()) / f"p2pfed-ray-{self.spec['token']}"
-        local.mkdir(parents=True, exist_ok=True)
-        return local, False
+        return self.private(), False
 
-    async def run(self) -> dict[str, bytes]:
-        """Run the nodes to their end; return the files they wrote when the driver cannot see them (name ->
-        bytes, the run folder's top level), else nothing."""
+    def begin(self, out: Path, shared: bool) -> str:
+        """Log to the actor's file in out, say where it runs; return the host its members listen on."""
         import ray
 
+        self.handler = logging.FileHandler(out / self.spec["log"])
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(self.handler)
+        logging.getLogger().setLevel(logging.INFO)
+        host = LOOPBACK if self.spec["loopback"] else ray.util.get_node_ip_address()
+        log.info("worker process %d on %s (Ray node %s) runs %s", os.getpid(), host,
+                 ray.get_runtime_context().get_node_id()[:12], ", ".join(self.spec["names"]))
+        if not shared:
+            log.info("the run folder %s is not seen here: records go to %s and are sent to the driver at the end",
+                     self.spec["out"], out)
+        return host
+
+    def settings(self, key: str) -> Path:
+        """The driver's scenario or recipe file (spec[key + "_text"]), written to the private folder: the file
+        at the driver's path may not be there, or not the same, on this machine."""
+        path = self.private() / f"{key}.toml"
+        path.write_text(self.spec[key + "_text"])
+        return path
+
+    async def run_members(self, members: Callable[[Path, str], Awaitable[None]]) -> dict[str, Any]:
+        """Run members(out, host) to their end; return why they failed (error, if they did) and the files they
+        wrote that the driver cannot see: their records and this actor's log (files, by name)."""
+        out, shared = self.folder()
+        host = self.begin(out, shared)
+        error = None
+        try:
+            await members(out, host)
+        except Exception as exc:  # told to the driver with what was written; Ray restarts only a dead process
+            log.exception("%s failed", ", ".join(self.spec["names"]))
+            error = clip(repr(exc), 300)
+        finally:
+            if self.handler is not None:
+                logging.getLogger().removeHandler(self.handler)
+                self.handler.close()
+        keep = {f"{name}.jsonl" for name in self.spec["names"]} | {self.spec["log"]}
+        files = {} if shared else {name: (out / name).read_bytes() for name in keep if (out / name).is_file()}
+        return {"files": files, "error": error}
+
+    async def stop(self) -> None:
+        """Stop the members (they leave the mesh); run returns."""
+        self.stopping.set()
+
+    async def ready(self) -> bool:
+        """Answered once Ray has placed this actor and started its process."""
+        return True
+
+
+class NodeGroup(Placed):
+    """One worker process of a scenario's run, as a Ray actor: the nodes of some indices, run as
+    `p2pfed node --scenario FILE --index ...` runs them."""
+
+    async def run(self) -> dict[str, Any]:
+        """Run the nodes to their end (Placed.run_members)."""
         from p2pfed.config import NodeConfig
         from p2pfed.launch.member import run_learning_nodes
 
         spec = self.spec
-        out, shared = self.folder()
-        handler = logging.FileHandler(out / spec["log"])
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
-        logging.getLogger().setLevel(logging.INFO)
-        host = LOOPBACK if spec["loopback"] else ray.util.get_node_ip_address()
-        log.info("worker process %d on %s (Ray node %s) runs %s", os.getpid(), host,
-                 ray.get_runtime_context().get_node_id()[:12], ", ".join(spec["names"]))
-        scenario_path = Path(spec["scenario"])
-        if not shared:  # the scenario as the driver runs it, --set overrides included
-            log.info("the run folder %s is not seen here: records go to %s and are sent to the driver at the end",
-                     spec["out"], out)
-            scenario_path = out / "scenario.toml"
-            scenario_path.write_text(spec["scenario_text"])
-        if spec["shared_data"] and Path(spec["shared_data"]).is_dir():  # the driver's copy, on the same machine
-            os.environ[SHARED_DATA] = spec["shared_data"]
-        cfg = NodeConfig(bind=f"tcp://{host}:0", join=[spec["ticket"]],
-                         keys="" if spec["insecure"] else str(keys_folder(out)))
-        cfg.mesh.mesh = spec["mesh"]
-        cfg.mesh.insecure = spec["insecure"]
-        self.stopping = asyncio.Event()
-        try:
-            await run_learning_nodes(cfg, scenario_path, spec["indices"], spec["method"], out, self.stopping,
-                                     start_round=spec["start_round"], wait_for=spec["wait_for"],
-                                     send_delay=spec["send_delay"])
-        finally:
-            logging.getLogger().removeHandler(handler)
-            handler.close()
-        if shared:
-            return {}
-        return {p.name: p.read_bytes() for p in out.iterdir()
-                if p.is_file() and p.name != "scenario.toml" and not p.name.startswith(".")}
 
-    async def stop(self) -> None:
-        """Stop the nodes (they leave the mesh); run returns."""
-        if self.stopping is not None:
-            self.stopping.set()
+        async def nodes(out: Path, host: str) -> None:
+            if spec["shared_data"] and Path(spec["shared_data"]).is_dir():  # the driver's copy, on its machine
+                os.environ[SHARED_DATA] = spec["shared_data"]
+            cfg = NodeConfig(bind=f"tcp://{host}:0", join=[spec["ticket"]],
+                             keys="" if spec["insecure"] else str(keys_folder(out)))
+            cfg.mesh.mesh = spec["mesh"]
+            cfg.mesh.insecure = spec["insecure"]
+            await run_learning_nodes(cfg, self.settings("scenario"), spec["indices"], spec["method"], out,
+                                     self.stopping, start_round=spec["start_round"], wait_for=spec["wait_for"],
+                                     send_delay=spec["send_delay"])
+
+        return await self.run_members(nodes)
 
 
 @dataclass
@@ -180,6 +285,12 @@ class RayMesh(ProcessMesh):
         self.token = secrets.token_hex(16)
         self.placement: Any = None
         self.slots: dict[int, int] = {}  # node index -> its bundle in the placement group
+
+    def device(self) -> str:
+        gpus = self.scenario.ray.gpus
+        if not gpus:  # Ray hides every GPU from an actor given none: "auto" finds none there
+            return "cpu"
+        return f"{self.scenario.train.device} ({gpus:g} GPU a worker process, placed by Ray)"
 
     async def start(self) -> None:
         from ray.util.placement_group import placement_group
@@ -217,20 +328,14 @@ class RayMesh(ProcessMesh):
         log_name = f"{first}.log" if len(indices) == 1 else f"{first}-group.log"
         spec = {
             "indices": indices, "names": names, "method": self.method, "out": str(self.out.resolve()),
-            "token": self.token, "scenario": str(Path(self.scenario.path).resolve()),
-            "scenario_text": Path(self.scenario.path).read_text(), "ticket": self.entry(via),
+            "token": self.token, "scenario_text": Path(self.scenario.path).read_text(), "ticket": self.entry(via),
             "mesh": self.options.mesh, "insecure": self.options.insecure, "start_round": start_round,
             "wait_for": wait_for, "send_delay": max(self.delays.get(i, 0.0) for i in indices),
             "loopback": self.host == LOOPBACK, "log": log_name,
             "shared_data": str(self.dataset.mapped_from) if self.dataset.mapped_from is not None else "",
         }
-        actor = ray.remote(NodeGroup).options(
-            num_cpus=config.cpus, num_gpus=config.gpus, max_restarts=config.restarts,
-            max_task_retries=-1 if config.restarts else 0,  # a restarted actor runs its nodes again
-            max_concurrency=4,  # run, and stop beside it
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement,
-                                                                 placement_group_bundle_index=self.slot(indices)),
-        ).remote(spec)
+        strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=self.slot(indices))
+        actor = ray.remote(NodeGroup).options(**actor_options(config, strategy)).remote(spec)
         group = Group(indices, actor, actor.run.remote(), names=names)
         for i in indices:
             self.groups[i] = group
@@ -239,28 +344,20 @@ class RayMesh(ProcessMesh):
     def present(self) -> list[str]:
         return [self.scenario.node_name(i) for i in self.groups]
 
-    def _finish(self, group: Group, result: Any) -> None:
-        """A worker process's run ended: keep the files it sent back, or tell why it failed."""
-        group.done = True
-        if isinstance(result, BaseException):
-            cause = getattr(result, "cause", None) or result
-            for name in group.names:
-                self.run.crashed.setdefault(name, clip(f"worker process failed: {cause!r}", 300))
-            return
-        for name, data in result.items():  # our own actor's files, but a name is still only a name
-            if "/" not in name and not name.startswith("."):
-                (self.out / name).write_bytes(data)
-
     def _collect(self, group: Group, timeout: float) -> None:
+        """A worker process's run ended (or ends within timeout): keep the files it sent back, tell why it
+        failed if it did."""
         if group.done:
             return
         try:
-            result = self.ray.get(group.ref, timeout=timeout)
+            error = write_back(self.ray.get(group.ref, timeout=timeout), self.out)
         except self.ray.exceptions.GetTimeoutError:
             raise
-        except Exception as exc:
-            result = exc
-        self._finish(group, result)
+        except Exception as exc:  # its process died past its restarts, or Ray lost it
+            error = why_failed(exc)
+        group.done = True
+        for name in group.names if error else ():
+            self.run.crashed.setdefault(name, f"worker process failed: {error}")
 
     def running(self) -> bool:
         pending = {id(g): g for g in self.groups.values() if not g.done}

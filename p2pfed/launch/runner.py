@@ -181,6 +181,10 @@ class InProcessMesh:
         self.starting: str | None = None  # the member being started: a start that fails names it
         self.host = "127.0.0.1"  # where the bootstrap and a coordinator listen (Ray: where its actors reach them)
 
+    def device(self) -> str:
+        """What the nodes train on, as run.json names it."""
+        return device_of(self.scenario)
+
     def present(self) -> list[str]:
         """The members that are to finish: those started and not stopped by a scripted leave or crash."""
         return [self.scenario.node_name(i) for i in self.tasks]
@@ -455,7 +459,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
         from p2pfed.launch.ray_engine import RayMesh
         kind = RayMesh
     mesh = kind(scenario, method, dataset, partition, out)
-    mesh.run.device = device_of(scenario)
+    mesh.run.device = mesh.device()
     t0 = time.monotonic()
     late = {ev.node for ev in scenario.events if ev.action == "join"}
     initial = [i for i in range(scenario.nodes) if i not in late]
@@ -540,8 +544,8 @@ def run_scenario(scenario: Scenario, out: Path, progress: Progress | None = None
     with contextlib.ExitStack() as cleanup:
         share_to = None
         if scenario.engine == "ray":  # connected to the Ray cluster for the run (or one of this machine started)
-            from p2pfed.launch.ray_engine import ray_session
-            cleanup.enter_context(ray_session(scenario))
+            from p2pfed.launch.ray_engine import groups_of, ray_session
+            cleanup.enter_context(ray_session(scenario.ray, groups_of(scenario)))
         if scenario.processes or scenario.workers > 1 or scenario.engine == "ray":  # worker processes (this
             # machine's) map one copy of the dataset
             share_to = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="p2pfed-data-")))

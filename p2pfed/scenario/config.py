@@ -102,6 +102,10 @@ class RayConfig:
     gpus: float = 0.0  # the share of a GPU each worker process is given (0.25: four share one GPU)
     placement: str = "spread"  # spread the worker processes over the cluster's machines, or pack them on few
     restarts: int = 1  # times Ray restarts a dead worker process (its nodes resume from their checkpoints)
+    # join a cluster at an address only with Ray's token authentication on (RAY_AUTH_MODE=token): Ray runs any
+    # code it is sent, unpickled, on every machine of the cluster. false: on a network where every host is
+    # trusted, join one without (with a warning)
+    authenticated: bool = True
 
     def validate(self, where: str = "") -> None:
         checks = [
@@ -230,6 +234,9 @@ class Scenario:
         self._check_scripted(where)
         self.mesh.validate(f"{where}mesh.")
         self.ray.validate(f"{where}ray.")
+        if self.engine == "ray" and self.ray.gpus == 0 and self.train.device.startswith("cuda"):
+            raise ConfigError(f"{where}train.device = {self.train.device!r}, but Ray hides every GPU from a worker "
+                              "process given none: set ray.gpus (0.25 has four share one) or train.device = \"cpu\"")
 
     def _setting_checks(self) -> list[tuple[bool, str]]:
         """(holds, what to say if not) for the [scenario], [data] and [train] settings."""
@@ -283,6 +290,8 @@ class Scenario:
         if self.events and self.engine == "ray" and not self.processes:
             raise ConfigError(f"{where}events on Ray need processes = true (a node a worker process: a scripted "
                               "crash stops one node, not its whole process)")
+        if self.workers > self.nodes:
+            raise ConfigError(f"{where}workers ({self.workers}) must be at most scenario.nodes ({self.nodes})")
         if self.events and self.workers > 1 and not self.processes:
             raise ConfigError(f"{where}events need workers = 1 (all nodes here) or processes = true")
         for i, adv in enumerate(self.adversaries):

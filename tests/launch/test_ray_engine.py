@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ import pytest
 
 from p2pfed.cli import main
 from p2pfed.config import ConfigError
+from p2pfed.launch.deploy import Placement, parse_placement
 from p2pfed.launch.member import any_port
-from p2pfed.launch.ray_engine import TOKEN, NodeGroup, require_ray
-from p2pfed.scenario.config import load_scenario
+from p2pfed.launch.ray_engine import TOKEN, NodeGroup, check_authenticated, require_ray, write_back
+from p2pfed.scenario.config import RayConfig, load_scenario
 from tests.helpers import wait_for
 
 # Two clusters of three nodes on the bundled digits, learning fast (a logistic regression): seconds a method.
@@ -103,17 +105,49 @@ def test_a_group_of_nodes_listens_on_the_host_asked_for_each_on_a_port_of_its_ow
     assert any_port("tcp://0.0.0.0:0") == "tcp://0.0.0.0:0"
 
 
-def test_a_worker_process_writes_to_the_run_folder_only_where_it_sees_the_drivers(tmp_path: Path) -> None:
+def test_a_worker_process_writes_to_the_run_folder_only_where_it_sees_the_drivers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine"))  # this machine's temporary folder
+    (tmp_path / "machine").mkdir()
     run = tmp_path / "run"
     run.mkdir()
     (run / TOKEN).write_text("abc")
-    assert NodeGroup({"out": str(run), "token": "abc"}).folder() == (run, True)
-    # another machine: no such folder, or one of another run there; its own folder, named by the run's token
-    # (a restarted actor on that machine finds its nodes' checkpoints in it)
-    folder, shared = NodeGroup({"out": str(run), "token": "other"}).folder()
-    assert not shared and folder.name == "p2pfed-ray-other" and folder.is_dir()
-    assert NodeGroup({"out": str(tmp_path / "absent"), "token": "other"}).folder() == (folder, False)
-    folder.rmdir()
+    assert NodeGroup({"out": str(run), "token": "abc", "names": ["n00"]}).folder() == (run, True)
+    # another machine: no such folder, or one of another run there; a folder of its own, named by the run's token
+    # and its first node (a restarted actor on that machine finds its nodes' checkpoints in it), its user's only
+    folder, shared = NodeGroup({"out": str(run), "token": "other", "names": ["n03", "n04"]}).folder()
+    assert not shared and folder == tmp_path / "machine" / "p2pfed-ray-other" / "n03"
+    assert folder.stat().st_mode & 0o777 == 0o700 and folder.parent.stat().st_mode & 0o777 == 0o700
+    spec = {"out": str(tmp_path / "absent"), "token": "other", "names": ["n05"]}
+    assert NodeGroup(spec).folder() == (folder.parent / "n05", False)
+
+
+def test_what_a_worker_process_sends_back_is_written_by_name_only(tmp_path: Path) -> None:
+    sent = {"files": {"n00.jsonl": b"{}\n", "n00-group.log": b"said", "../escape": b"x", "sub/x": b"x",
+                      ".keys": b"x", "n01.jsonl": "not bytes"}, "error": None}
+    assert write_back(sent, tmp_path) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n00-group.log", "n00.jsonl"]
+    assert write_back({"files": {}, "error": "ValueError('x')"}, tmp_path) == "ValueError('x')"
+
+
+def test_a_cluster_at_an_address_is_joined_only_with_ray_token_authentication(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(ConfigError, match="reached without Ray's token authentication"):
+        check_authenticated(RayConfig(address="10.0.0.1:6379"))
+    check_authenticated(RayConfig(address="10.0.0.1:6379", authenticated=False))  # told the network is trusted
+    assert "runs without token authentication" in caplog.text
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    check_authenticated(RayConfig(address="10.0.0.1:6379"))
+
+
+def test_ray_hides_gpus_from_a_worker_process_given_none(scenario_file: Path) -> None:
+    with pytest.raises(ConfigError, match="Ray hides every GPU from a worker process given none"):
+        load_scenario(scenario_file, ["scenario.engine=ray", "train.device=cuda"])
+    load_scenario(scenario_file, ["scenario.engine=ray", "train.device=cuda", "ray.gpus=0.5"])
+    load_scenario(scenario_file, ["train.device=cuda"])  # the local engine: the machine's GPU, if it has one
+    with pytest.raises(ConfigError, match=re.escape("workers (7) must be at most scenario.nodes (6)")):
+        load_scenario(scenario_file, ["scenario.workers=7"])
 
 
 # --- with a Ray cluster --------------------------------------------------------------------------------------------
@@ -137,7 +171,10 @@ def two_ray_nodes() -> Iterator[Any]:
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "p2pfed", "run", *args, "-q"], cwd=cwd,
+    """p2pfed run; at the test's cluster (started without token authentication: the recipe test in
+    tests/test_multihost.py runs one with it), told that the network is trusted."""
+    trusted = ["--set", "ray.authenticated=false"] if "--address" in args else []
+    return subprocess.Popen([sys.executable, "-m", "p2pfed", "run", *args, *trusted, "-q"], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -157,15 +194,21 @@ def test_a_run_spread_over_two_ray_nodes_gives_the_local_engines_results(two_ray
                      cwd=tmp_path)
     said = placed.communicate(timeout=300)[0].decode()
     assert placed.returncode == 0, said
+    assert "runs without token authentication" in (tmp_path / "ray" / "run.log").read_text()  # warned
+    # and on a cluster of this machine alone, started for the run (with a token of its own)
+    alone = run_cli(str(scenario_file), "--out", str(tmp_path / "alone"), "--engine", "ray", cwd=tmp_path)
+    said = alone.communicate(timeout=300)[0].decode()
+    assert alone.returncode == 0, said
+    local_table = json.loads((tmp_path / "local" / "summary.json").read_text())["methods"]
+    for run in ("ray", "alone"):
+        for method in ("oracle-p2p", "local-p2p"):
+            assert finals(tmp_path / run, method) == finals(tmp_path / "local", method)
+            assert len(finals(tmp_path / run, method)) == 6
+            assert not (tmp_path / run / method / TOKEN).exists()
+        table = json.loads((tmp_path / run / "summary.json").read_text())["methods"]
+        assert {m: t["accuracy"] for m, t in table.items()} == {m: t["accuracy"] for m, t in local_table.items()}
     for method in ("oracle-p2p", "local-p2p"):
         assert len(ray_nodes_of(tmp_path / "ray", method)) == 2  # a worker process on each Ray node
-        assert finals(tmp_path / "ray", method) == finals(tmp_path / "local", method)
-        assert len(finals(tmp_path / "ray", method)) == 6
-        assert not (tmp_path / "ray" / method / TOKEN).exists()
-    local_table = json.loads((tmp_path / "local" / "summary.json").read_text())["methods"]
-    ray_table = json.loads((tmp_path / "ray" / "summary.json").read_text())["methods"]
-    for method in local_table:
-        assert ray_table[method]["accuracy"] == local_table[method]["accuracy"]
 
 
 @pytest.mark.ray
@@ -203,3 +246,34 @@ def test_ray_is_not_imported_until_a_run_asks_for_it() -> None:
     code = "import sys, p2pfed.launch.ray_engine, p2pfed.launch.runner; print('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_a_deployed_nodes_placement_is_read_from_its_data_option(tmp_path: Path) -> None:
+    assert parse_placement("a=10.0.0.2:/data/a=1.npz", tmp_path) == Placement("a", "10.0.0.2", "/data/a=1.npz")
+    # no name: the file's stem; a relative path: from where the command runs (the machines share a layout)
+    assert parse_placement("10.0.0.3:data/b.npz", tmp_path) == Placement("b", "10.0.0.3", str(tmp_path / "data/b.npz"))
+    for text, said in [("10.0.0.2", "give [NAME=]HOST:PATH"), ("a=:/p.npz", "give [NAME=]HOST:PATH"),
+                       ("h:", "give [NAME=]HOST:PATH"), ("x y=h:/p.npz", "the node's name 'x y' must be")]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            parse_placement(text, tmp_path)
+
+
+def test_deploy_refuses_bad_options_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = Path(__file__).resolve().parents[2] / "node" / "recipe.toml"
+    for args, said in [(["--data", "nohost"], "give [NAME=]HOST:PATH"),
+                       (["--data", "h:/a.npz", "--cpus", "0"], "--cpus must be in (0, 1024]"),
+                       (["--data", "h:/a.npz", "--port", "70000"], "--port must be in 0..65535")]:
+        assert main(["deploy", str(recipe), *args, "-q"]) == 2
+        assert said in capsys.readouterr().err
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_deploy_names_a_machine_that_is_not_in_the_cluster(two_ray_nodes: Any, tmp_path: Path) -> None:
+    recipe = Path(__file__).resolve().parents[2] / "node" / "recipe.toml"
+    run = subprocess.run([sys.executable, "-m", "p2pfed", "deploy", str(recipe), "--address", two_ray_nodes.address,
+                          "--data", "a=10.9.9.9:/data/a.npz", "--out", str(tmp_path / "d"), "-q",
+                          "--ray-unauthenticated"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--data: 10.9.9.9 is no machine of the Ray cluster (its machines: " in run.stderr
