@@ -277,3 +277,40 @@ def test_deploy_names_a_machine_that_is_not_in_the_cluster(two_ray_nodes: Any, t
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "--data: 10.9.9.9 is no machine of the Ray cluster (its machines: " in run.stderr
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below pid (from /proc: the test needs no psutil)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()  # after the name: state, then the parent
+        except OSError:  # ended meanwhile
+            continue
+        if len(fields) > 1:
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        children = [p for p, parent in parents.items() if parent == current]
+        found.update(children)
+        todo.extend(children)
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_sigterm_stops_a_run_on_ray_and_the_cluster_it_started(scenario_file: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "p2pfed", "run", str(scenario_file), "--out", str(run), "-q",
+                             "--engine", "ray", "--set", "scenario.rounds=400"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    records = run / "oracle-p2p" / "n00.jsonl"
+    wait_for(lambda: records.exists() and '"round": 2' in records.read_text(), 180, "round 2")
+    below = descendants(proc.pid)
+    assert below  # Ray's processes and its actors, started by the run
+    proc.send_signal(signal.SIGTERM)  # a service manager's stop, `kill`
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted; partial run folder" in err, err
+    assert not (run / "oracle-p2p" / TOKEN).exists() and "final" not in records.read_text()  # cut short
+    wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in below), 30, "Ray's processes to end")
