@@ -314,3 +314,29 @@ def test_sigterm_stops_a_run_on_ray_and_the_cluster_it_started(scenario_file: Pa
     assert proc.returncode == 130 and "interrupted; partial run folder" in err, err
     assert not (run / "oracle-p2p" / TOKEN).exists() and "final" not in records.read_text()  # cut short
     wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in below), 30, "Ray's processes to end")
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_sigterm_stops_a_deployment_and_names_each_node_cut_short(tmp_path: Path) -> None:
+    # the own-data example's three nodes on a cluster of this machine (localhost), stopped mid-run
+    root = Path(__file__).resolve().parents[2]
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(root / "node" / "example_data.py"), str(data)], check=True, timeout=60)
+    out = tmp_path / "mesh"
+    proc = subprocess.Popen([sys.executable, "-m", "p2pfed", "deploy", str(root / "node" / "recipe.toml"), "-q",
+                             "--out", str(out), *[f"--data={m}=localhost:{data}/{m}.npz" for m in "abc"]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "P2PFED_HOME": str(tmp_path / "home")})
+    records = out / "a.jsonl"
+    wait_for(lambda: records.exists() and '"round": 1' in records.read_text(), 240, "node a's round 1")
+    below = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    said, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    for m in "abc":  # each node named, none lost without a word
+        assert f"p2pfed: {m} did not finish: stopped before the end (Ctrl-C)" in err
+        assert re.search(rf"^{m} +on \S+ +stopped before the end", said, flags=re.MULTILINE), said
+    assert "bootstrap ticket: tcp://127.0.0.1:" in err  # a cluster of this machine alone: loopback
+    assert not (out / TOKEN).exists()
+    wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in below), 30, "Ray's processes to end")
