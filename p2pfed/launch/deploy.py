@@ -29,11 +29,10 @@ from p2pfed.launch.ray_engine import (
     Placed,
     actor_options,
     bind_host,
+    collect,
     gpus_hidden,
     machines,
     require_ray,
-    why_failed,
-    write_back,
 )
 from p2pfed.scenario.config import RayConfig
 from p2pfed.wire.messages import clip, is_name
@@ -157,7 +156,8 @@ async def deploy(recipe_path: Path, placements: list[Placement], out: Path, stop
         while pending and not stop.is_set():
             ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
             for name in [n for n, r in pending.items() if r in ready]:
-                failed.update(_collect(ray, name, pending.pop(name), out))
+                if error := collect(ray, pending.pop(name), out):
+                    failed[name] = error
             if progress:
                 table = boot.peers.peers
                 rounds = [table[p.name].round if p.name in table else 0 for p in placements]
@@ -166,14 +166,13 @@ async def deploy(recipe_path: Path, placements: list[Placement], out: Path, stop
                 await asyncio.wait_for(stop.wait(), 0.5)
         for name in pending:  # stopped: every node leaves the mesh, then its records come back, all together
             actors[name].stop.remote()
-        ended = await asyncio.gather(*(asyncio.to_thread(_collect, ray, name, ref, out, STOP_WAIT)
-                                       for name, ref in pending.items()), return_exceptions=True)
+        ended = await asyncio.gather(*(asyncio.to_thread(collect, ray, ref, out, STOP_WAIT)
+                                       for ref in pending.values()), return_exceptions=True)
         for name, result in zip(pending, ended, strict=True):
             if isinstance(result, BaseException):
                 failed[name] = f"did not stop within {STOP_WAIT:.0f} s of being asked"
             else:
-                failed.update(result)
-            failed.setdefault(name, "stopped before the end (Ctrl-C)")
+                failed[name] = result or "stopped before the end (Ctrl-C)"
     finally:
         for actor in actors.values():
             ray.kill(actor, no_restart=True)
@@ -181,15 +180,3 @@ async def deploy(recipe_path: Path, placements: list[Placement], out: Path, stop
         with contextlib.suppress(OSError):
             (out / TOKEN).unlink()
     return failed
-
-
-def _collect(ray: Any, name: str, ref: Any, out: Path, timeout: float = 0) -> dict[str, str]:
-    """A node's run ended (or ends within timeout): write the files it sent back into out; {name: why} if it
-    failed."""
-    try:
-        error = write_back(ray.get(ref, timeout=timeout), out)
-    except ray.exceptions.GetTimeoutError:
-        raise
-    except Exception as exc:  # its process died past its restarts, or Ray lost it
-        error = why_failed(exc)
-    return {name: error} if error else {}

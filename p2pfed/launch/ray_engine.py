@@ -155,6 +155,17 @@ def write_back(result: dict[str, Any], out: Path) -> str | None:
     return result.get("error")
 
 
+def collect(ray: Any, ref: Any, out: Path, timeout: float = 0) -> str | None:
+    """An actor's run ended (or ends within timeout, else GetTimeoutError): write the files it sent back into
+    out; return why it failed, if it did."""
+    try:
+        return write_back(ray.get(ref, timeout=timeout), out)
+    except ray.exceptions.GetTimeoutError:
+        raise
+    except Exception as exc:  # its process died past its restarts, or Ray lost it
+        return why_failed(exc)
+
+
 def why_failed(exc: BaseException) -> str:
     """One line for an actor that Ray could not run to its end (its process died past its restarts)."""
     return clip(repr(getattr(exc, "cause", None) or exc), 300)
@@ -341,20 +352,15 @@ class RayMesh(ProcessMesh):
             self.groups[i] = group
             self.logs[i] = self.out / log_name
 
-    def present(self) -> list[str]:
-        return [self.scenario.node_name(i) for i in self.groups]
+    def indices(self) -> list[int]:
+        return list(self.groups)
 
     def _collect(self, group: Group, timeout: float) -> None:
         """A worker process's run ended (or ends within timeout): keep the files it sent back, tell why it
         failed if it did."""
         if group.done:
             return
-        try:
-            error = write_back(self.ray.get(group.ref, timeout=timeout), self.out)
-        except self.ray.exceptions.GetTimeoutError:
-            raise
-        except Exception as exc:  # its process died past its restarts, or Ray lost it
-            error = why_failed(exc)
+        error = collect(self.ray, group.ref, self.out, timeout)
         group.done = True
         for name in group.names if error else ():
             self.run.crashed.setdefault(name, f"worker process failed: {error}")
@@ -367,12 +373,6 @@ class RayMesh(ProcessMesh):
                 if group.ref in ready:
                     self._collect(group, 0)
         return any(not g.done for g in self.groups.values())
-
-    def rounds(self) -> dict[int, int]:
-        assert self.boot is not None
-        table = self.boot.peers.peers
-        return {i: table[self.scenario.node_name(i)].round for i in self.groups
-                if self.scenario.node_name(i) in table}
 
     async def stop_node(self, index: int, crash: bool) -> None:
         group = self.groups.pop(index, None)

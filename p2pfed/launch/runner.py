@@ -302,8 +302,12 @@ class ProcessMesh(InProcessMesh):
             self.procs[i] = proc
             self.logs[i] = log_path
 
+    def indices(self) -> list[int]:
+        """The nodes started and not stopped: each has a worker process."""
+        return list(self.procs)
+
     def present(self) -> list[str]:
-        return [self.scenario.node_name(i) for i in self.procs]
+        return [self.scenario.node_name(i) for i in self.indices()]
 
     def joined(self) -> set[str]:
         """The children's nodes the bootstrap welcomed (it keeps them in its table, alive or not)."""
@@ -333,7 +337,7 @@ class ProcessMesh(InProcessMesh):
     def rounds(self) -> dict[int, int]:
         assert self.boot is not None
         table = self.boot.peers.peers
-        return {i: table[self.scenario.node_name(i)].round for i in self.procs
+        return {i: table[self.scenario.node_name(i)].round for i in self.indices()
                 if self.scenario.node_name(i) in table}
 
     def running(self) -> bool:
