@@ -33,7 +33,7 @@ from typing import Any
 from p2pfed.config import ConfigError
 from p2pfed.launch.runner import SHARED_DATA, ProcessMesh, keys_folder, member
 from p2pfed.scenario.config import RayConfig, Scenario
-from p2pfed.wire.messages import clip
+from p2pfed.wire.messages import clip, cut
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,10 @@ def collect(ray: Any, ref: Any, out: Path, timeout: float = 0) -> str | None:
 
 
 def why_failed(exc: BaseException) -> str:
-    """One line for an actor that Ray could not run to its end (its process died past its restarts)."""
-    return clip(repr(getattr(exc, "cause", None) or exc), 300)
+    """One line for a failure of an actor's members, or for an actor that Ray could not run to its end (its process
+    died past its restarts: the cause Ray carries)."""
+    cause = getattr(exc, "cause", None) or exc
+    return cut(f"{type(cause).__name__}: {cause}", 300)
 
 
 class Placed:
@@ -231,7 +233,7 @@ class Placed:
             await members(out, host)
         except Exception as exc:  # told to the driver with what was written; Ray restarts only a dead process
             log.exception("%s failed", ", ".join(self.spec["names"]))
-            error = clip(repr(exc), 300)
+            error = why_failed(exc)
         finally:
             if self.handler is not None:
                 logging.getLogger().removeHandler(self.handler)
