@@ -92,6 +92,24 @@ def _by_holders(y_train: np.ndarray, y_test: np.ndarray, client_labels: list[lis
     return _finish(train_parts, test_parts, client_labels, true_cluster, val_fraction, rng)
 
 
+def _drawn_by_holders(y_train: np.ndarray, y_test: np.ndarray, client_labels: list[list[int]],
+                      true_cluster: list[int], per_node: int, val_fraction: float, rng: np.random.Generator
+                      ) -> Partition:
+    """Each client draws per_node training samples from its labels' samples, and test samples in the dataset's
+    test-to-train proportion (at least one): no sample twice in one client, but clients that hold the same
+    labels share samples. For meshes larger than a dataset can deal disjoint shards to (1,000 nodes on the
+    digits' 1,347 training samples: 1.3 each, none to validate on)."""
+    ratio = len(y_test) / max(1, len(y_train))
+    train_parts: list[list[np.ndarray]] = []
+    test_parts: list[list[np.ndarray]] = []
+    for labs in client_labels:
+        for labels, parts, size in ((y_train, train_parts, per_node),
+                                    (y_test, test_parts, max(1, round(per_node * ratio)))):
+            pool = np.flatnonzero(np.isin(labels, labs))
+            parts.append([rng.choice(pool, size=min(size, len(pool)), replace=False)] if len(pool) else [])
+    return _finish(train_parts, test_parts, client_labels, true_cluster, val_fraction, rng)
+
+
 def _finish(train_parts: list[list[np.ndarray]], test_parts: list[list[np.ndarray]],
             client_labels: list[list[int]], true_cluster: list[int], val_fraction: float,
             rng: np.random.Generator) -> Partition:
@@ -107,14 +125,16 @@ def _finish(train_parts: list[list[np.ndarray]], test_parts: list[list[np.ndarra
 
 def pathological(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clusters: int, seed: int,
                  val_fraction: float = 0.2, extra_labels: int = 0, extra_prob: float = 0.0,
-                 groups: str = "none") -> Partition:
+                 groups: str = "none", per_node: int = 0) -> Partition:
     """Pathological clusters (Rokvic et al. 2025): labels split evenly over clusters, each label exclusive to one.
 
     With groups (learn/labels.py) the groups of labels are split evenly instead, and a cluster holds every
     label of its groups (CIFAR-100: 20 superclasses, four per cluster of five, as Rokvic et al. 2025 do). With
     extra_prob > 0 this is the noisy setting: each client, with that probability, also gets extra_labels
     random labels from outside its cluster (Rokvic et al. 2025: 0.5 and one label; five for CIFAR-100).
-    Clients are assigned to clusters in contiguous blocks (client i in cluster i * C // N).
+    Clients are assigned to clusters in contiguous blocks (client i in cluster i * C // N). A label's samples are
+    dealt equally to its holders, or, with per_node > 0, each client draws that many of its labels' samples, clients
+    of a cluster sharing them (_drawn_by_holders; beyond the paper, for meshes larger than the dataset).
     """
     num_classes = int(max(y_train.max(), y_test.max())) + 1
     grouped = label_groups(groups, num_classes)
@@ -133,6 +153,8 @@ def pathological(y_train: np.ndarray, y_test: np.ndarray, n_clients: int, n_clus
             outside = [lab for lab in range(num_classes) if lab not in cluster_labels[true_cluster[i]]]
             picks = rng.choice(outside, size=min(extra_labels, len(outside)), replace=False)
             client_labels[i].extend(int(p) for p in picks)
+    if per_node > 0:
+        return _drawn_by_holders(y_train, y_test, client_labels, true_cluster, per_node, val_fraction, rng)
     return _by_holders(y_train, y_test, client_labels, true_cluster, val_fraction, rng)
 
 
@@ -393,9 +415,14 @@ class Pathological(Clustered):
     kind: ClassVar[str] = "pathological"
 
     label_groups: str = "none"
+    # training samples each node draws from its labels' samples, nodes of a cluster sharing them (0: a label's
+    # samples dealt out, none shared): for more nodes than the dataset has samples for (1,000 on digits)
+    per_node: int = 0
 
     def validate(self, where: str, nodes: int) -> None:
         super().validate(where, nodes)
+        if not 0 <= self.per_node <= 100_000:
+            raise ValueError(f"{where}per_node must be in 0..100000 (got {self.per_node})")
         if self.label_groups == "none":
             return
         if self.label_groups not in LABEL_GROUPS:
@@ -408,7 +435,7 @@ class Pathological(Clustered):
     def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
               val_fraction: float) -> Partition:
         return pathological(y_train, y_test, n_clients, self.clusters, seed, val_fraction,
-                            groups=self.label_groups)
+                            groups=self.label_groups, per_node=self.per_node)
 
 
 @dataclass(frozen=True)
@@ -430,7 +457,7 @@ class Noisy(Pathological):
     def build(self, y_train: np.ndarray, y_test: np.ndarray, n_clients: int, seed: int,
               val_fraction: float) -> Partition:
         return pathological(y_train, y_test, n_clients, self.clusters, seed, val_fraction, self.extra_labels,
-                            self.extra_prob, self.label_groups)
+                            self.extra_prob, self.label_groups, self.per_node)
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,26 @@ def test_pathological_labels_are_exclusive_to_clusters() -> None:
         assert abs(len(shard.val) - 0.2 * (len(shard.train) + len(shard.val))) <= 1
 
 
+def test_per_node_gives_a_mesh_larger_than_the_dataset_samples_of_its_cluster_shared_within_it() -> None:
+    # 1,000 nodes on 600 training samples: dealt out, most nodes get none and none validates
+    dealt = make_partition("pathological", Y_TRAIN, Y_TEST, 1000, seed=0, clusters=5)
+    assert sum(len(s.val) for s in dealt.shards) == 0
+    p = make_partition("pathological", Y_TRAIN, Y_TEST, 1000, seed=0, clusters=5, per_node=20)
+    q = make_partition("pathological", Y_TRAIN, Y_TEST, 1000, seed=0, clusters=5, per_node=20)
+    assert all(np.array_equal(a.train, b.train) and np.array_equal(a.test, b.test)
+               for a, b in zip(p.shards, q.shards, strict=True))
+    for shard, cluster in zip(p.shards, p.true_cluster, strict=True):
+        own = np.concatenate([shard.train, shard.val])
+        assert (len(shard.train), len(shard.val), len(shard.test)) == (16, 4, 7)  # 20 · 200/600 test samples
+        assert len(set(own.tolist())) == 20  # no sample twice in one node, nor in its training and validation
+        assert set(Y_TRAIN[own]) <= {2 * cluster, 2 * cluster + 1} and set(Y_TEST[shard.test]) <= set(shard.labels)
+    shared = set(p.shards[0].train.tolist()) & set().union(*(s.train.tolist() for s in p.shards[1:200]))
+    assert shared  # nodes of a cluster share its samples
+    noisy = make_partition("noisy", Y_TRAIN, Y_TEST, 100, seed=0, clusters=5, per_node=20)
+    assert all(set(Y_TRAIN[s.train]) <= set(s.labels) for s in noisy.shards)
+    assert any(len(set(Y_TRAIN[s.train])) > 2 for s in noisy.shards)  # an outside label's samples drawn too
+
+
 def test_noisy_adds_one_outside_label_to_about_half() -> None:
     p = make_partition("noisy", Y_TRAIN, Y_TEST, 100, seed=0, clusters=5)
     extra = [len(s.labels) - 2 for s in p.shards]
@@ -162,6 +182,7 @@ def test_bad_arguments_are_refused() -> None:
 @pytest.mark.parametrize(("kind", "options", "message"), [
     ("pathological", {"clusters": 0}, "p.clusters (0) must be between 1 and scenario.nodes (8)"),
     ("pathological", {"clusters": 9}, "p.clusters (9) must be between 1 and scenario.nodes (8)"),
+    ("pathological", {"per_node": -1}, "p.per_node must be in 0..100000 (got -1)"),
     ("dominant", {"share": 0.0}, "p.classes must be >= 1 and share in (0, 1] (got 1, 0.0)"),
     ("dominant", {"classes": 0}, "p.classes must be >= 1 and share in (0, 1] (got 0, 0.8)"),
     ("missing", {"classes": -1}, "p.classes must be >= 0 (got -1)"),
