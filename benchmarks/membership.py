@@ -33,10 +33,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from p2pfed.net.endpoint import MEMBERSHIP, Endpoint, MeshOptions
+from p2pfed.net.endpoint import KEEPING, Endpoint, MeshOptions
 from p2pfed.net.membership import ALIVE
 
-KINDS = sorted(MEMBERSHIP - {"status_req"} | {"welcome", "pong"})  # what members send to keep their tables
+KINDS = sorted(KEEPING)  # what members send to keep their tables
 
 
 def open_files() -> int:

@@ -108,13 +108,22 @@ OUT_OF_FILES_EVERY = 60.0
 _out_of_files_told = [-math.inf]  # when this process last said so (time.monotonic)
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
+# A hello not answered within join_timeout is asked again with twice the wait, up to this many times join_timeout:
+# a bootstrap given 1,000 hellos at once answers each late, and asking again at the same wait, on a new
+# connection, only gave it more handshakes and hellos to answer (its answers to the old ones went nowhere)
+JOIN_BACKOFF = 16
 MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req", "ping"})  # what the endpoint answers
+KEEPING = MEMBERSHIP - {"status_req"} | {"welcome", "pong"}  # what members send each other to keep their tables
 VERIFY_PER_PERIOD = 4  # peers a member probes a period because another member said they were suspect or dead
 VERIFY_QUEUED = 64  # such peers waiting to be probed, at most (the rest of a flood of such news is ignored)
 # a probing member's goodbye goes to its partners, its bootstraps and coordinators, and this many other peers; the
 # rest learn of it from a probe it does not answer (SWIM), as they would of a crash
 GOODBYE_OTHERS = 3
 NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and pongs, newest kept
+# live peers a probing member's table sync lists, drawn at random: the whole table to one peer every sync_every
+# periods cost each of 1,000 members its whole table's worth of checks every 20 s (O(N) a member, N² in all);
+# a draw of this many heals a missed join as surely over a few syncs, at a cost flat in the mesh's size
+SYNC_LISTED = 64
 # Pings of one member in flight at once; the rest wait their turn. A newcomer introduces itself to every member
 # its welcome lists, each ping on a connection of its own: all at once, a mesh of 100 joining in one process
 # opened some 10,000 connections and spent its two cores on handshakes until nothing was answered in time.
@@ -377,6 +386,12 @@ class Endpoint:
                 raise ValueError(f"{self.name}: its learning progress is served already")
             self.progress = progress
 
+    def membership_sent(self) -> tuple[int, int]:
+        """The messages and bytes this member has sent to keep the mesh's tables (joins, heartbeats, probes,
+        gossip, goodbyes), not models or notes."""
+        sent, sizes = self.transport.sent, self.transport.sent_bytes
+        return sum(sent[k] for k in KEEPING), sum(sizes[k] for k in KEEPING)
+
     # -- talking to peers ------------------------------------------------------------------------
 
     def identity(self) -> dict[str, Any]:
@@ -482,6 +497,7 @@ class Endpoint:
         delay = 0.5
         give_up = time.monotonic() + self.options.join_give_up
         refusals: dict[str, int] = {}
+        waits = {address: self.options.join_timeout for address, _ in targets}
         addresses = [address for address, _ in targets]
         # A key named by a member's name (--join-key bootstrap, the default) is that member's key file in this
         # machine's key folder: a member started at the same moment writes it at its start, so wait a little.
@@ -500,7 +516,7 @@ class Endpoint:
                     hello = self.message("hello", self.identity())
                     self.transport.watch(address, key)
                     try:
-                        reply = await self.transport.request(address, hello, self.options.join_timeout, key)
+                        reply = await self.transport.request(address, hello, waits[address], key)
                     except Refusal as exc:  # the other side told why
                         self._last_join_problem = f"{address}: {exc.reason}"
                         self.transport.forget(address)
@@ -515,6 +531,9 @@ class Endpoint:
                         continue
                     except DeliveryError as exc:
                         self._last_join_problem = str(exc)
+                        if isinstance(exc, Unanswered) and address not in self.transport.handshakes:
+                            # no connection refused nor handshake failed: there, but busy; wait longer next time
+                            waits[address] = min(2 * waits[address], JOIN_BACKOFF * self.options.join_timeout)
                         self.transport.forget(address)
                         log.info("%s: join through %s not answered yet (%s); retrying", self.name, address, exc)
                         continue
@@ -605,14 +624,17 @@ class Endpoint:
         if probing:
             self._probe_some(watched or set())
         if live and (not probing or now - self._last_sync >= self.options.sync_every * period):
-            # "all": the whole table to a few peers every period; "probe": to one peer now and then, which heals
-            # what the news on pings missed (members that joined through different members at once)
+            # "all": the whole table to a few peers every period; "probe": SYNC_LISTED of it, drawn, to one peer now
+            # and then, which heals what the news on pings missed (members that joined through different members)
             self._last_sync = now
-            gossip = {**self.identity(), "peers": [p for p in self.peers.snapshot()
-                                                   if p["state"] in (ALIVE, SUSPECT)][:MAX_PEERS_LISTED]}
             if probing:  # over a connection opened for it (most peers have none), kept until the sync is out
-                self._start_sync(random.choice(live), gossip)
+                listed = random.sample(live, min(SYNC_LISTED, len(live)))
+                clock = self.peers.clock()
+                self._start_sync(random.choice(live), {**self.identity(),
+                                                       "peers": [p.as_wire(clock) for p in listed]})
             else:
+                gossip = {**self.identity(), "peers": [p for p in self.peers.snapshot()
+                                                       if p["state"] in (ALIVE, SUSPECT)][:MAX_PEERS_LISTED]}
                 for peer in random.sample(live, min(self.options.gossip_fanout, len(live))):
                     self._send(peer, "gossip", gossip)
         kept = {p.address for p in self.peers.peers.values()}
@@ -672,6 +694,7 @@ class Endpoint:
                 slots.wait(self)
             return
         self._probing.add(peer.name)
+        self.peers.introducing(peer.name)  # a joining peer's silence is timed from its first ping
         task = asyncio.get_running_loop().create_task(self._probe(peer), name=f"{self.name}-probe")
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
@@ -862,6 +885,7 @@ class Endpoint:
                 if self.options.membership == "probe":
                     self._start_probe(peer)  # introduce now; its pong is our first contact, a ping retried till then
                 else:
+                    self.peers.introducing(peer.name)
                     self._send(peer, "heartbeat", self.identity())  # introduce now
 
     def _changed(self, change: Change) -> None:

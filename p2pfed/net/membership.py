@@ -67,6 +67,10 @@ class Peer:
     period: float = 0.0  # the peer's own heartbeat period, 0 if not yet heard from it
     last_work: float = float("-inf")  # its last contact other than membership (a model, a request, a reply)
     last_asked: float = float("-inf")  # the last time this member worked with it (sent it a request, answered one)
+    # a peer gossip introduced (joining): when this member first reached out to it (None: not yet, its ping
+    # waiting its turn). Its silence counts from then: from the hearing, a member that heard of 999 at once had
+    # each dead before the ping to it went out (1,000 nodes on one machine).
+    introduced: float | None = None
 
     def as_wire(self, now: float) -> dict[str, Any]:
         """The peer as the PEER schema of the wire carries it."""
@@ -218,11 +222,21 @@ class PeerTable:
         if info["incarnation"] > self.wall_ns() + MAX_FUTURE_NS or not self._room_for(name, heard=False):
             return False
         # An entry gossip keeps renewing must still fall silent on time: it keeps its first introduction's time.
-        since = peer.last_seen if peer is not None and peer.state == JOINING else self.clock()
+        since, introduced = self.clock(), None
+        if peer is not None and peer.state == JOINING:
+            since, introduced = peer.last_seen, peer.introduced
         self.peers[name] = Peer(
             name, info["address"], info["role"], info["incarnation"], info["pubkey"], JOINING, since, info["round"],
+            introduced=introduced,
         )
         return True
+
+    def introducing(self, name: str) -> None:
+        """This member reaches out to name, a peer gossip introduced (a ping or heartbeat is on its way): its
+        silence is timed from now on, once (a first word asked again does not renew it)."""
+        peer = self.peers.get(name)
+        if peer is not None and peer.state == JOINING and peer.introduced is None:
+            peer.introduced = self.clock()
 
     def left(self, name: str) -> Change | None:
         """Record a graceful leave."""
@@ -278,7 +292,12 @@ class PeerTable:
         now = self.clock()
         changes = []
         for name, peer in list(self.peers.items()):
-            silent = (now - peer.last_seen) / self._ratio(peer)
+            since = peer.last_seen
+            if peer.state == JOINING:
+                if peer.introduced is None:
+                    continue  # not yet spoken to: its silence says nothing
+                since = peer.introduced
+            silent = (now - since) / self._ratio(peer)
             timed = watched is None or name in watched
             if peer.state == ALIVE and timed and silent > self.suspect_after:
                 peer.state = SUSPECT

@@ -86,6 +86,37 @@ async def test_mesh_forms_and_a_killed_node_is_noticed_within_a_few_heartbeats(m
     assert {p["name"]: p["state"] for p in status.body["peers"]}["n0"] == DEAD
 
 
+async def test_a_member_counts_what_it_sends_to_keep_the_tables_apart_from_what_it_learns_with(members: Make) -> None:
+    _, (n0, n1) = await start_mesh(members, 2)
+    await wait_until(lambda: set(states(n0).values()) == {ALIVE} and len(states(n0)) == 2, what="n0 knows all")
+    messages, size = n0.membership_sent()
+    assert messages >= 2 and size > 100 * messages  # its hello and heartbeats at least, each a CURVE-keyed identity
+    n1.serve({"control": ack})
+    everything = n0.transport.bytes_sent
+    await n0.request("n1", ping(n0), 5)
+    assert n0.transport.bytes_sent > everything  # the request counts in all it sent, not in membership (below)
+    await asyncio.sleep(3 * FAST.heartbeat)
+    later, _ = n0.membership_sent()
+    assert later > messages and later == sum(n0.transport.sent[k] for k in n0.transport.sent if k != "control")
+
+
+async def test_a_probing_members_table_sync_lists_a_draw_of_its_table_not_all_of_it(members: Make) -> None:
+    from p2pfed.net.endpoint import SYNC_LISTED
+
+    me = members("me", options=FAST)
+    await me.start("tcp://127.0.0.1:0")
+    for i in range(3 * SYNC_LISTED):  # a large table: each sync listed all of it (O(N) a member, N² in all)
+        me.peers.heard_from(f"p{i:03d}", f"tcp://127.0.0.1:{20000 + i}", "node", 1, "", 0)
+    synced: list[dict[str, Any]] = []
+    me._start_sync = lambda peer, gossip: synced.append(gossip)  # type: ignore[method-assign]
+    for _ in range(2):
+        me._last_sync = -math.inf
+        me._beat(time.monotonic(), 0.0)
+    first, second = ({p["name"] for p in g["peers"]} for g in synced)
+    assert len(first) == len(second) == SYNC_LISTED and first != second  # each a fresh draw: all told in time
+    assert first <= {f"p{i:03d}" for i in range(3 * SYNC_LISTED)}
+
+
 async def test_silence_makes_a_peer_suspect_before_dead(members: Make) -> None:
     slow = MeshOptions(heartbeat=0.1, suspect_after=3, dead_after=30, join_timeout=1.0)
     boot, nodes = await start_mesh(members, 1, slow)
@@ -312,6 +343,29 @@ async def test_a_join_nobody_answers_ends_after_its_bound_saying_so(members: Mak
         await node.wait_joined(30)
     with pytest.raises(JoinError, match="could not join"):
         await members("x", options=FAST).wait_joined(0.1)  # never started: says so, not an empty TimeoutError
+
+
+async def test_a_join_through_a_bootstrap_slower_than_join_timeout_waits_longer_instead_of_storming_it(
+        members: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Seen at 1,000 nodes in 4 processes: the bootstrap, given 1,000 hellos at once, answered each after more
+    # than join_timeout (3 s); every member asked again on a new connection (a new handshake, one more hello to
+    # answer, the old answer "Host unreachable"), at the same timeout, until its process gave up the join.
+    boot = members("bootstrap", "bootstrap", options=FAST)
+    await boot.start("tcp://127.0.0.1:0")
+    hellos = []
+    answer = boot._dispatch
+
+    async def slow(msg: Message) -> Message | None:
+        if msg.type == "hello":
+            hellos.append(msg.sender)
+            await asyncio.sleep(1.5 * FAST.join_timeout)  # each answer later than the joiner's first wait
+        return await answer(msg)
+
+    monkeypatch.setattr(boot.transport, "handler", slow)
+    node = members("patient", options=FAST)
+    await node.start("tcp://127.0.0.1:0", [boot.ticket])
+    await node.wait_joined(15)
+    assert len(hellos) <= 3  # waited longer each time (1, 2, 4 s), not a hello a second
 
 
 async def test_a_node_restarted_at_once_on_another_port_joins(members: Make) -> None:
