@@ -95,19 +95,29 @@ def _by_holders(y_train: np.ndarray, y_test: np.ndarray, client_labels: list[lis
 def _drawn_by_holders(y_train: np.ndarray, y_test: np.ndarray, client_labels: list[list[int]],
                       true_cluster: list[int], per_node: int, val_fraction: float, rng: np.random.Generator
                       ) -> Partition:
-    """Each client draws per_node training samples from its labels' samples, and test samples in the dataset's
-    test-to-train proportion (at least one): no sample twice in one client, but clients that hold the same
-    labels share samples. For meshes larger than a dataset can deal disjoint shards to (1,000 nodes on the
-    digits' 1,347 training samples: 1.3 each, none to validate on)."""
-    ratio = len(y_test) / max(1, len(y_train))
-    train_parts: list[list[np.ndarray]] = []
-    test_parts: list[list[np.ndarray]] = []
+    """Each client draws per_node samples of its labels' training samples (val_fraction of them to validate on),
+    and test samples in the dataset's test-to-train proportion (at least one): no sample twice in one client,
+    but clients that hold the same labels share samples. For meshes larger than a dataset can deal disjoint
+    shards to (1,000 nodes on the digits' 1,347 training samples: 1.3 each, none to validate on).
+
+    val_fraction of each label's training samples are kept for validation, and nobody trains on them: a
+    client's validation samples in a cluster-mate's training set would make that peer's model score well on
+    them (pFedLIA scores peers there) for having seen them, not for helping."""
+    held = np.zeros(len(y_train), dtype=bool)
+    for label in np.unique(y_train[y_train >= 0]):
+        idx = rng.permutation(np.flatnonzero(y_train == label))
+        held[idx[:round(val_fraction * len(idx))]] = True
+    n_val = round(val_fraction * per_node)
+    n_test = max(1, round(per_node * len(y_test) / max(1, len(y_train))))
+    shards = []
     for labs in client_labels:
-        for labels, parts, size in ((y_train, train_parts, per_node),
-                                    (y_test, test_parts, max(1, round(per_node * ratio)))):
-            pool = np.flatnonzero(np.isin(labels, labs))
-            parts.append([rng.choice(pool, size=min(size, len(pool)), replace=False)] if len(pool) else [])
-    return _finish(train_parts, test_parts, client_labels, true_cluster, val_fraction, rng)
+        mine = np.isin(y_train, labs)
+        draws = [(np.flatnonzero(mine & ~held), per_node - n_val), (np.flatnonzero(mine & held), n_val),
+                 (np.flatnonzero(np.isin(y_test, labs)), n_test)]
+        train, val, test = (np.sort(rng.choice(pool, size=min(size, len(pool)), replace=False))
+                            for pool, size in draws)
+        shards.append(Shard(train=train, val=val, test=test, labels=sorted(labs)))
+    return Partition(shards, true_cluster)
 
 
 def _finish(train_parts: list[list[np.ndarray]], test_parts: list[list[np.ndarray]],
@@ -415,8 +425,9 @@ class Pathological(Clustered):
     kind: ClassVar[str] = "pathological"
 
     label_groups: str = "none"
-    # training samples each node draws from its labels' samples, nodes of a cluster sharing them (0: a label's
-    # samples dealt out, none shared): for more nodes than the dataset has samples for (1,000 on digits)
+    # samples each node draws from its labels' training samples (val_fraction of them to validate on; test samples
+    # in the dataset's proportion), nodes of a cluster sharing them (0: a label's samples dealt out, none shared):
+    # for more nodes than the dataset has samples for (1,000 on digits)
     per_node: int = 0
 
     def validate(self, where: str, nodes: int) -> None:

@@ -146,6 +146,8 @@ def test_per_node_gives_a_mesh_larger_than_the_dataset_samples_of_its_cluster_sh
         assert set(Y_TRAIN[own]) <= {2 * cluster, 2 * cluster + 1} and set(Y_TEST[shard.test]) <= set(shard.labels)
     shared = set(p.shards[0].train.tolist()) & set().union(*(s.train.tolist() for s in p.shards[1:200]))
     assert shared  # nodes of a cluster share its samples
+    # but nobody trains on a sample another validates on (a peer's score there would be memory, not help)
+    assert not set(all_indices(p, "val").tolist()) & set(all_indices(p, "train").tolist())
     noisy = make_partition("noisy", Y_TRAIN, Y_TEST, 100, seed=0, clusters=5, per_node=20)
     assert all(set(Y_TRAIN[s.train]) <= set(s.labels) for s in noisy.shards)
     assert any(len(set(Y_TRAIN[s.train])) > 2 for s in noisy.shards)  # an outside label's samples drawn too
