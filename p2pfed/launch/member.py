@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOIN_WAIT = 60.0  # seconds a learning node or coordinator waits to be welcomed before giving up
-# and, for a group of nodes in one process, this much longer for each node after the first: 250 nodes of a
-# 1,000-node mesh joining one bootstrap at once are welcomed over minutes, not within one minute
+# and, for a scenario's nodes, this much longer for each other node of the scenario: all of them join one
+# bootstrap at once, and it welcomes 1,000 over minutes, not within one
 JOIN_WAIT_PER_NODE = 0.5
 
 
@@ -125,7 +125,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
                              coordinator=coordinator, conduct=conduct_of(scenario, index))
             node.send_delay = send_delay
             nodes.append(node)
-        wait = JOIN_WAIT + JOIN_WAIT_PER_NODE * (len(endpoints) - 1)
+        wait = JOIN_WAIT + JOIN_WAIT_PER_NODE * (scenario.nodes - 1)
         if not await unless_stopped(stop, asyncio.gather(*(e.wait_joined(wait) for e in endpoints))):
             return  # stopped while joining
         runs = [asyncio.ensure_future(n.run(start_round, wait_for_peers=wait_for)) for n in nodes]

@@ -13,8 +13,8 @@ probing membership (the default, ``membership = "probe"``), a member sends each 
   queues behind a model on its way to the same peer. The ping and its pong carry the changes of membership
   their sender saw itself (SWIM's piggybacking): a new member is introduced to, and word that a member is
   failing makes the hearer ping that member itself;
-- every ``sync_every`` periods, its table to one random peer (what the news missed: members that joined
-  through different members at once).
+- every ``sync_every`` periods, its table (up to SYNC_LISTED of it, drawn) to one random peer (what the news
+  missed: members that joined through different members at once).
 So the messages and connections of a member are flat in the mesh's size, where ``membership = "all"``
 (which members of one mesh must share with each other: a member of the other form is refused) heartbeats every peer
 and gossips the whole table to ``gossip_fanout`` peers each period (linear in it; benchmarks/membership.py
@@ -99,7 +99,7 @@ class MeshOptions:
     # the mesh's size); "all": heartbeat every peer and gossip the whole table each period (N per member)
     membership: str = "probe"
     partner_window: float = 30.0  # heartbeat periods a peer stays a partner after the last model or request
-    sync_every: float = 10.0  # heartbeat periods between whole-table gossips to one random peer ("probe")
+    sync_every: float = 10.0  # heartbeat periods between table syncs to one random peer ("probe")
 
 
 # Running out of open files is the whole process's trouble: one line a minute for all its members, not a
@@ -108,9 +108,9 @@ OUT_OF_FILES_EVERY = 60.0
 _out_of_files_told = [-math.inf]  # when this process last said so (time.monotonic)
 
 KEY_FILE_WAIT = 10.0  # seconds a join waits for the key file of a member named by --join-key to appear
-# A hello not answered within join_timeout is asked again with twice the wait, up to this many times join_timeout:
-# a bootstrap given 1,000 hellos at once answers each late, and asking again at the same wait, on a new
-# connection, only gave it more handshakes and hellos to answer (its answers to the old ones went nowhere)
+# A hello not answered within join_timeout is asked again with twice the wait, up to this many times join_timeout
+# (and never past join_give_up): a bootstrap given 1,000 hellos at once answers each late, and each hello asked
+# again on a new connection is one more handshake and hello for it, its answer to the old one going nowhere
 JOIN_BACKOFF = 16
 MEMBERSHIP = frozenset({"hello", "heartbeat", "gossip", "leave", "status_req", "ping"})  # what the endpoint answers
 KEEPING = MEMBERSHIP - {"status_req"} | {"welcome", "pong"}  # what members send each other to keep their tables
@@ -120,9 +120,10 @@ VERIFY_QUEUED = 64  # such peers waiting to be probed, at most (the rest of a fl
 # rest learn of it from a probe it does not answer (SWIM), as they would of a crash
 GOODBYE_OTHERS = 3
 NEWS_KEPT = 256  # first-hand membership changes waiting to be told on pings and pongs, newest kept
-# live peers a probing member's table sync lists, drawn at random: the whole table to one peer every sync_every
-# periods cost each of 1,000 members its whole table's worth of checks every 20 s (O(N) a member, N² in all);
-# a draw of this many heals a missed join as surely over a few syncs, at a cost flat in the mesh's size
+# Live peers a probing member's table sync lists, drawn at random: the cost of a sync is flat in the mesh's size,
+# where the whole table cost each of N members N entries to send, check and learn every sync_every periods (N²
+# in all). Up to 64 members a sync lists everyone; past that a missed join heals more slowly, after some
+# N/64 syncs (1,000 members: about 16, each member's every sync_every periods), the news on pings healing most.
 SYNC_LISTED = 64
 # Pings of one member in flight at once; the rest wait their turn. A newcomer introduces itself to every member
 # its welcome lists, each ping on a connection of its own: all at once, a mesh of 100 joining in one process
@@ -387,8 +388,8 @@ class Endpoint:
             self.progress = progress
 
     def membership_sent(self) -> tuple[int, int]:
-        """The messages and bytes this member has sent to keep the mesh's tables (joins, heartbeats, probes,
-        gossip, goodbyes), not models or notes."""
+        """The messages and bytes this member has sent so far to keep the mesh's tables (joins, heartbeats,
+        probes, gossip), not models or notes."""
         sent, sizes = self.transport.sent, self.transport.sent_bytes
         return sum(sent[k] for k in KEEPING), sum(sizes[k] for k in KEEPING)
 
@@ -474,6 +475,15 @@ class Endpoint:
         peer = self.peers.peers.get(peer_name)
         if peer is None or peer.state in (DEAD, LEFT):
             raise DeliveryError(f"{peer_name} is not a live peer")
+        if peer.state == JOINING and self.options.membership == "probe" and peer.name not in self._probing:
+            # Known from gossip only, it may not know this member (in a mesh still forming, its introduction
+            # waiting its turn), and it refuses a stranger's request: introduce first, by a ping now.
+            self._probing.add(peer.name)
+            self.peers.introducing(peer.name)
+            await self._probe(peer)
+            peer = self.peers.peers.get(peer_name)
+            if peer is None or peer.state in (DEAD, LEFT):
+                raise DeliveryError(f"{peer_name} is not a live peer")
         incarnation = peer.incarnation
         self.peers.asked(peer_name)  # a partner from now: not probed while this may be on its way
         request = asyncio.ensure_future(self.transport.request(
@@ -516,7 +526,8 @@ class Endpoint:
                     hello = self.message("hello", self.identity())
                     self.transport.watch(address, key)
                     try:
-                        reply = await self.transport.request(address, hello, waits[address], key)
+                        wait = min(waits[address], max(self.options.join_timeout, give_up - time.monotonic()))
+                        reply = await self.transport.request(address, hello, wait, key)
                     except Refusal as exc:  # the other side told why
                         self._last_join_problem = f"{address}: {exc.reason}"
                         self.transport.forget(address)
@@ -592,6 +603,8 @@ class Endpoint:
             # socket, so do not count the stall as their silence.
             for peer in self.peers.peers.values():
                 peer.last_seen = min(now, peer.last_seen + lag)
+                if peer.introduced is not None:  # a joining peer's silence is timed from our first word to it
+                    peer.introduced = min(now, peer.introduced + lag)
         probing = self.options.membership == "probe"
         if probing:
             # A partner heartbeats us until its own window ends; we stop timing its silence a margin earlier

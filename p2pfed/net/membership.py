@@ -28,6 +28,7 @@ replaces a long-dead or never-heard one, or is refused for now.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -68,8 +69,8 @@ class Peer:
     last_work: float = float("-inf")  # its last contact other than membership (a model, a request, a reply)
     last_asked: float = float("-inf")  # the last time this member worked with it (sent it a request, answered one)
     # a peer gossip introduced (joining): when this member first reached out to it (None: not yet, its ping
-    # waiting its turn). Its silence counts from then: from the hearing, a member that heard of 999 at once had
-    # each dead before the ping to it went out (1,000 nodes on one machine).
+    # waiting its turn behind others). Its silence counts from then, not from the hearing: a member that hears of
+    # 999 at once pings them over minutes.
     introduced: float | None = None
 
     def as_wire(self, now: float) -> dict[str, Any]:
@@ -294,9 +295,9 @@ class PeerTable:
         for name, peer in list(self.peers.items()):
             since = peer.last_seen
             if peer.state == JOINING:
-                if peer.introduced is None:
-                    continue  # not yet spoken to: its silence says nothing
-                since = peer.introduced
+                if peer.introduced is None and now - peer.last_seen <= self.forget_after:
+                    continue  # not yet spoken to (its ping waits its turn): its silence says nothing yet
+                since = peer.introduced if peer.introduced is not None else -math.inf
             silent = (now - since) / self._ratio(peer)
             timed = watched is None or name in watched
             if peer.state == ALIVE and timed and silent > self.suspect_after:

@@ -19,7 +19,7 @@ import zmq
 
 from p2pfed.net import security
 from p2pfed.net.endpoint import GOODBYE_OTHERS, Endpoint, JoinError, MeshOptions, query_status
-from p2pfed.net.membership import ALIVE, DEAD, LEFT, SUSPECT, Peer
+from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Peer
 from p2pfed.net.transport import PROBE_LANE, BadAddress, DeliveryError
 from p2pfed.wire import Message
 from tests.helpers import free_port, wait_until
@@ -115,6 +115,33 @@ async def test_a_probing_members_table_sync_lists_a_draw_of_its_table_not_all_of
     first, second = ({p["name"] for p in g["peers"]} for g in synced)
     assert len(first) == len(second) == SYNC_LISTED and first != second  # each a fresh draw: all told in time
     assert first <= {f"p{i:03d}" for i in range(3 * SYNC_LISTED)}
+
+
+async def test_a_stall_of_the_members_own_loop_is_not_a_joining_peers_silence(members: Make) -> None:
+    me = members("me", options=FAST)
+    await me.start("tcp://127.0.0.1:0")
+    assert me.peers.learned_of({"name": "b", "address": f"tcp://127.0.0.1:{free_port()}", "role": "node",
+                                "incarnation": 1, "pubkey": me.keys.public.decode() if me.keys else "",
+                                "state": ALIVE, "round": 0})
+    now = me.peers.clock()
+    me.peers.introducing("b")
+    me.peers.peers["b"].introduced = now - 60 * FAST.heartbeat  # pinged a minute ago, then our loop stalled
+    me._beat(now, 60 * FAST.heartbeat)
+    assert me.peers.peers["b"].state == JOINING
+
+
+async def test_a_request_to_a_peer_known_from_gossip_alone_introduces_this_member_first(members: Make) -> None:
+    # Seen at 1,000 nodes: a node asked a peer it knew from the bootstrap's welcome for a model before the two
+    # had met, and the peer, which had not heard of it yet, refused a stranger's request (8,994 times).
+    a, b = members("a", options=FAST), members("b", options=FAST)
+    for e in (a, b):
+        await e.start("tcp://127.0.0.1:0")
+    b.serve({"control": ack})
+    assert a.peers.learned_of({"name": "b", "address": b.address, "role": "node", "incarnation": b.incarnation,
+                               "pubkey": b.keys.public.decode() if b.keys else "", "state": ALIVE, "round": 0})
+    assert "a" not in b.peers.peers
+    assert (await a.request("b", ping(a), 5)).body["ok"]
+    assert states(b)["a"] == ALIVE and states(a)["b"] == ALIVE
 
 
 async def test_silence_makes_a_peer_suspect_before_dead(members: Make) -> None:

@@ -159,7 +159,7 @@ def test_a_member_gossip_introduced_is_timed_from_our_first_word_to_it_not_from_
     info = {"name": "b", "address": "tcp://h:3", "role": "node", "incarnation": 5, "pubkey": "",
             "state": ALIVE, "age": 0.0, "round": 0}
     assert t.learned_of(info)
-    clock.t += 70
+    clock.t += 60
     assert t.sweep() == [] and t.peers["b"].state == JOINING  # not yet spoken to: its silence means nothing
     t.introducing("b")
     clock.t += 5
@@ -167,6 +167,12 @@ def test_a_member_gossip_introduced_is_timed_from_our_first_word_to_it_not_from_
     assert t.learned_of({**info, "incarnation": 6})  # a newer process of it, from gossip: still timed from then
     clock.t += 2
     assert t.sweep() == [Change("b", JOINING, DEAD)]
+    # one heard of and never reached (its pings queued behind a gossiper's made-up names): dead after forget_after
+    assert t.learned_of({**info, "name": "c"})
+    clock.t += 60
+    assert t.sweep() == []
+    clock.t += 0.001
+    assert t.sweep() == [Change("c", JOINING, DEAD)]
 
 
 def test_leave_and_last_will() -> None:
