@@ -479,6 +479,7 @@ async def test_a_node_alone_runs_every_round_once_from_the_first_without_waiting
     await asyncio.wait_for(n.run(), 10)  # the defaults: round 0, no peers to wait for
     assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5]
     assert ran[0][2] < 1.0 and records(tmp_path)[-1]["event"] == "final"
+    assert n.endpoint.identity()["round"] == 6  # finished: past its last round, a peer waiting on its model goes on
 
 
 async def test_a_node_waits_for_the_peers_it_is_told_to_wait_for_but_not_forever(
