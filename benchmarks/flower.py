@@ -25,6 +25,7 @@ Run: python benchmarks/flower.py [--pairs 2] [--nodes 100] [--rounds 20] [--work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -61,11 +62,12 @@ class Run:
 class Watch:
     """The CPU seconds and peak memory of a process tree, sampled from outside."""
 
-    def __init__(self, root: int, every: float = 0.5) -> None:
-        self.root, self.every = root, every
+    def __init__(self, root: int, every: float = 0.5, sockets: bool = False) -> None:
+        self.root, self.every, self.count_sockets = root, every, sockets
         self.cpu: dict[tuple[int, float], float] = {}  # (pid, start) -> its last user + system seconds seen
         self.peak = 0.0
         self.each: dict[int, tuple[str, float]] = {}  # pid -> what it is, its peak proportional set size
+        self.sockets: dict[int, int] = {}  # pid -> the most sockets it held open at once (with sockets=True)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -88,6 +90,8 @@ class Watch:
                     total += pss
                     label = self.each[p.pid][0] if p.pid in self.each else kind_of(p)
                     self.each[p.pid] = (label, max(pss, self.each.get(p.pid, ("", 0.0))[1]))
+                    if self.count_sockets:
+                        self.sockets[p.pid] = max(open_sockets(p.pid), self.sockets.get(p.pid, 0))
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
             self.peak = max(self.peak, total)
@@ -110,6 +114,17 @@ class Watch:
         return dict(sorted(kinds.items(), key=lambda kv: -kv[1]["peak_mb"]))
 
 
+def open_sockets(pid: int) -> int:
+    """The sockets a process holds open now (its /proc/PID/fd entries that are sockets)."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            continue  # closed meanwhile
+    return count
+
+
 def kind_of(p: psutil.Process) -> str:
     """A process's kind: `p2pfed run`, `p2pfed node` (a worker), Flower's driver, a Ray process by its name."""
     cmd = p.cmdline()
@@ -121,23 +136,53 @@ def kind_of(p: psutil.Process) -> str:
     return f"ray {cmd[0].split()[0]}" if cmd and cmd[0].startswith("ray::") else name
 
 
-def watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float, float, dict[str, Any]]:
-    """Run cmd, watched: launch time, wall seconds, CPU seconds, peak MB, what the memory went to."""
+@dataclass
+class Watched:
+    """What a watched run cost, and how it ended."""
+
+    launched: float  # time.time() at launch
+    wall_s: float
+    cpu_s: float
+    peak_mb: float  # peak proportional set size of the tree, MiB
+    processes: dict[str, Any]  # Watch.processes: what the memory went to
+    code: int  # its exit status (-9 when killed at the timeout)
+    sockets: dict[int, int]  # pid -> the most sockets it held open at once (watch_run(sockets=True))
+    timed_out: bool = False
+
+
+def watch_run(cmd: list[str], env: dict[str, str], log: Path, timeout: float | None = None,
+              sockets: bool = False) -> Watched:
+    """Run cmd, watched from outside; a run past timeout seconds is killed, its whole tree."""
     launched = time.time()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    timed_out = False
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, "P2PFED_BENCH_LAUNCHED":
                                                                                  str(launched)}, cwd=ROOT)
-        watch = Watch(proc.pid)
-        code = proc.wait()
+        watch = Watch(proc.pid, sockets=sockets)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for child in [*psutil.Process(proc.pid).children(recursive=True), proc]:
+                with contextlib.suppress(psutil.Error, OSError):
+                    child.kill()
+            code = proc.wait()
     wall = time.time() - launched
     sampled, peak = watch.close()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # the samples miss each process's last half second, the kernel's count the descendants nobody waited for
     cpu = max(sampled, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime))
-    if code != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])} ... exited with {code}; its output: {log}")
-    return launched, wall, cpu, peak, watch.processes()
+    return Watched(launched, wall, cpu, peak, watch.processes(), code, watch.sockets, timed_out)
+
+
+def watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float, float, dict[str, Any]]:
+    """Run cmd, watched: launch time, wall seconds, CPU seconds, peak MB, what the memory went to; a run that
+    fails stops the benchmark, naming its output."""
+    run = watch_run(cmd, env, log)
+    if run.code != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... exited with {run.code}; its output: {log}")
+    return run.launched, run.wall_s, run.cpu_s, run.peak_mb, run.processes
 
 
 def overrides(nodes: int, rounds: int) -> list[str]:
