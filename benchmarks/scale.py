@@ -1,7 +1,7 @@
 """How a p2pfed mesh grows on one machine: wall time, peak memory, bytes per node, membership messages per node
 per second and open sockets per process, against the number of nodes N.
 
-For each N of --sizes (smallest first), scenarios/mesh-1000.toml resized to N nodes runs once as `p2pfed run`:
+For each N of --sizes (in the order given), scenarios/mesh-1000.toml resized to N nodes runs once as `p2pfed run`:
 the bundled digits, 5 true clusters, 20 samples drawn per node, pFedLIA-p2p scoring a sample of s = 16 peers at
 every size (``all_pairs_up_to = 1``: one algorithm along the whole sweep, where the scenario would score all
 pairs up to 100), its nodes in the scenario's 4 worker processes. Each run is a process tree watched from
@@ -88,7 +88,7 @@ def with_ratios(rows: list[dict[str, Any]]) -> None:
     done = [r for r in rows if "failed" not in r]
     if not done:
         return
-    base = done[0]
+    base = min(done, key=lambda r: r["nodes"])
     for r in done:
         r["vs_smallest"] = {"nodes": base["nodes"], **{k: r[k] / base[k] if base[k] else None for k, _ in PANELS}}
 
@@ -100,7 +100,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if "failed" not in r]
+    done = sorted((r for r in rows if "failed" not in r), key=lambda r: r["nodes"])
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.4))
     for ax, (key, title) in zip(axes, PANELS, strict=True):
         ax.plot([r["nodes"] for r in done], [r[key] for r in done], "o-")
@@ -115,7 +115,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def table(rows: list[dict[str, Any]]) -> str:
     """The sweep as a text table, a row a size (a failed one says why)."""
     body = []
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r["nodes"]):
         if "failed" in r:
             body.append([r["nodes"], "failed: " + r["failed"][:120]] + [""] * 9)
             continue
@@ -132,7 +132,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="50,100,250,500,1000",
-                        help="mesh sizes, comma-separated, run smallest first (default 50,100,250,500,1000)")
+                        help="mesh sizes, comma-separated, run in this order (default 50,100,250,500,1000)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds of each run (default: the scenario's)")
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds a run may take (default 7200)")
     parser.add_argument("--work", type=Path, help="keep each run's folder and log here (default: a temporary one)")
@@ -140,10 +140,10 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, help="also draw each figure against N here (PNG)")
     args = parser.parse_args()
     try:
-        sizes = sorted({int(x) for x in args.sizes.split(",")})
+        sizes = list(dict.fromkeys(int(x) for x in args.sizes.split(",")))
     except ValueError:
         parser.error(f"--sizes takes whole numbers, comma-separated (got {args.sizes[:80]!r})")
-    if sizes[0] < 10 or sizes[-1] > 1000 or args.rounds < 0 or 0 < args.rounds < 7:
+    if min(sizes) < 10 or max(sizes) > 1000 or args.rounds < 0 or 0 < args.rounds < 7:
         parser.error(f"sizes must be in 10..1000 (the mesh's max_peers) and --rounds at least 7 (5 warm up) "
                      f"(got {args.sizes[:80]!r}, {args.rounds})")
     rows: list[dict[str, Any]] = []
