@@ -276,11 +276,31 @@ def sampling_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def scale_table(figures: dict[str, Any]) -> str:
+    """benchmarks/scale.py: one scenario grown from the smallest N to 1,000 nodes, a row a size."""
+    rows = ["| N | finished | ARI | accuracy % | wall s | × smallest | CPU s | peak MiB | × smallest | "
+            "MB sent / node | × smallest | membership msgs / node / s | × smallest | sockets, busiest process | "
+            "× smallest |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(figures["rows"], key=lambda r: r["nodes"]):
+        if "failed" in r:
+            rows.append(f"| {r['nodes']} | failed: {r['failed']} |" + " |" * 13)
+            continue
+        ari = f"{r['ari']:.3f}" if r["ari"] is not None else "–"
+        x = r["vs_smallest"]
+        rows.append(f"| {r['nodes']} | {r['finished']}/{r['nodes']} | {ari} | {100 * r['accuracy']:.2f} | "
+                    f"{r['wall_s']:.0f} | {x['wall_s']:.2f} | {r['cpu_s']:.0f} | {r['peak_mb']:.0f} | "
+                    f"{x['peak_mb']:.2f} | {r['mb_per_node']:.2f} | {x['mb_per_node']:.2f} | "
+                    f"{r['membership_per_node_s']:.2f} | {x['membership_per_node_s']:.2f} | "
+                    f"{r['sockets_per_process']} | {x['sockets_per_process']:.2f} |")
+    return "\n".join(rows)
+
+
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
     "lia-gpu.json": lia_gpu_table, "flower.json": flower_table, "ray-engine.json": ray_engine_table,
     "flower-before.json": flower_history_table,
-    "membership.json": membership_table, "sampling.json": sampling_table}
+    "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:
