@@ -44,7 +44,8 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["data.partition.kind='noisy'", "data.partition.extra_prob=2"],
      "data.partition.extra_labels must be >= 0 and extra_prob in [0, 1] (got 1, 2.0)"),
     (["data.partition.kind='pathological'", "data.partition.extra_prob=0.5"],
-     "data.partition.extra_prob is not an option of the pathological partition (its options: clusters, label_groups, per_node; "),
+     "data.partition.extra_prob is not an option of the pathological partition (its options: clusters, label_groups, "
+     "per_node; "),
     (["data.partition.clusters='two'"], "data.partition.clusters must be int (got str 'two')"),
     (["data.partition.kind=3"], "data.partition.kind must be one of pathological, "),
     (["data.partition=3"], "data.partition must be a table, [data.partition], with kind and the partition's options"),
