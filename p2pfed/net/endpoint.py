@@ -478,8 +478,7 @@ class Endpoint:
         if peer.state == JOINING and self.options.membership == "probe" and peer.name not in self._probing:
             # Known from gossip only, it may not know this member (in a mesh still forming, its introduction
             # waiting its turn), and it refuses a stranger's request: introduce first, by a ping now.
-            self._probing.add(peer.name)
-            self.peers.introducing(peer.name)
+            self._probing_now(peer.name)
             await self._probe(peer)
             peer = self.peers.peers.get(peer_name)
             if peer is None or peer.state in (DEAD, LEFT):
@@ -706,8 +705,7 @@ class Endpoint:
             if len(self._probing) < MAX_PINGING:  # the process's pings are all out: its turn comes
                 slots.wait(self)
             return
-        self._probing.add(peer.name)
-        self.peers.introducing(peer.name)  # a joining peer's silence is timed from its first ping
+        self._probing_now(peer.name)
         task = asyncio.get_running_loop().create_task(self._probe(peer), name=f"{self.name}-probe")
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
@@ -788,6 +786,12 @@ class Endpoint:
             if not self.stopped:
                 self.transport.forget(PROBE_LANE + address)
                 self._next_queued()
+
+    def _probing_now(self, name: str) -> None:
+        """A ping to name starts (its _probe ends it): no second one meanwhile, and a joining peer's silence is
+        timed from it."""
+        self._probing.add(name)
+        self.peers.introducing(name)
 
     def _next_queued(self) -> None:
         """Start the pings that waited for a free one, but of peers heard from directly meanwhile: a newcomer or a
