@@ -305,6 +305,14 @@ class RayMesh(ProcessMesh):
             return "cpu"
         return f"{self.scenario.train.device} ({gpus:g} GPU a worker process, placed by Ray)"
 
+    def placed(self, devices: str) -> str:
+        return RayMesh.placed_on(devices, self.scenario.ray.gpus)
+
+    @staticmethod
+    def placed_on(devices: str, gpus: float) -> str:
+        """The devices the nodes said, and each worker process's share of a GPU."""
+        return f"{devices}, {gpus:g} GPU a worker process, placed by Ray" if gpus else devices
+
     async def start(self) -> None:
         from ray.util.placement_group import placement_group
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from p2pfed.node.client import CentralNode
 from p2pfed.node.conduct import Conduct
 from p2pfed.node.learner import LearningNode
 from p2pfed.node.local import LocalData, NodeData
+from p2pfed.report.records import read_records
 from p2pfed.scenario.config import Scenario, apply_overrides, load_scenario, write_scenario
 
 log = logging.getLogger(__name__)
@@ -182,8 +184,12 @@ class InProcessMesh:
         self.host = "127.0.0.1"  # where the bootstrap and a coordinator listen (Ray: where its actors reach them)
 
     def device(self) -> str:
-        """What the nodes train on, as run.json names it."""
+        """What the nodes train on, as run.json names it before they say."""
         return device_of(self.scenario)
+
+    def placed(self, devices: str) -> str:
+        """What run.json names the devices the nodes said they trained on by."""
+        return devices
 
     def present(self) -> list[str]:
         """The members that are to finish: those started and not stopped by a scripted leave or crash."""
@@ -519,8 +525,21 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
     mesh.run.seconds = time.monotonic() - t0
     mesh.run.members = max(len(present), len(initial)) if failed else len(present)
     mesh.run.crashed.update(unfinished(out, present, joined, mesh.why))
+    said = devices_said(out)  # where the nodes ran, what they trained on is their word, not this machine's guess
+    if said is not None:
+        mesh.run.device = mesh.placed(said)
     (out / "run.json").write_text(json.dumps(mesh.run.__dict__, indent=2))
     return mesh.run
+
+
+def devices_said(method_dir: Path) -> str | None:
+    """What a method's nodes said they trained on (their final records): one device, or each with its count of
+    nodes, most first; None where no node said (none finished, or records from before nodes said)."""
+    said = Counter(r["device"] for r in read_records(method_dir)
+                   if r.get("event") == "final" and isinstance(r.get("device"), str))
+    if len(said) <= 1:
+        return next(iter(said), None)
+    return "; ".join(f"{device} ({n} node{'s' if n > 1 else ''})" for device, n in said.most_common())
 
 
 def device_of(scenario: Scenario) -> str:

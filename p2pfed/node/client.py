@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from p2pfed.learn.checkpoint import load_own, refuse_old, save_atomic
-from p2pfed.learn.train import state_of
+from p2pfed.learn.train import describe_device, state_of
 from p2pfed.methods import make_client
 from p2pfed.methods.central import ClientMethod, Task, Update, aux_of, pack, unpack
 from p2pfed.net.endpoint import Endpoint
@@ -155,7 +155,8 @@ class CentralNode(LocalNode):
         if final:
             self.final_recorded = True
             self.record("final", **metrics, test_samples=ev.samples, cluster=cluster,
-                        true_cluster=self.true_cluster_of(self.name), bytes_sent=self.endpoint.transport.bytes_sent)
+                        true_cluster=self.true_cluster_of(self.name), bytes_sent=self.endpoint.transport.bytes_sent,
+                        device=describe_device(self.device))
             self.checkpoint()
             asyncio.get_running_loop().call_later(0.5, self.finished.set)  # after the reply has left
         else:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from p2pfed.learn.checkpoint import SUFFIX, load_own, refuse_old, save_atomic
-from p2pfed.learn.train import evaluate
+from p2pfed.learn.train import describe_device, evaluate
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
@@ -386,7 +386,7 @@ class LearningNode(LocalNode):
         return {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "loss": ev.loss, "test_samples": ev.samples,
                 "bytes_sent": self.endpoint.transport.bytes_sent, "membership_messages": membership,
                 "membership_bytes": membership_bytes, "true_cluster": self.true_cluster_of(self.name),
-                **self.method.report()}
+                "device": describe_device(self.device), **self.method.report()}
 
     # -- crash safety ----------------------------------------------------------------------------
     def checkpoint(self, rnd: int) -> None:

@@ -190,6 +190,8 @@ def test_the_papers_selection_and_clustering_rules_run_over_sockets(tmp_path: Pa
     # train.device = "auto" resolved and recorded: the GPU where there is one
     device = "cpu" if not torch.cuda.is_available() else f"cuda:0 ({torch.cuda.get_device_name(0)})"
     assert {summary[m]["device"] for m in summary} == {device} and table.endswith(f"Trained on: {device}.\n")
+    # each node's final record says what it trained on (what run.json reports where the runner cannot know)
+    assert {r["device"] for r in records(out, "pfedlia-p2p-paper", "n00") if r["event"] == "final"} == {device}
 
 
 def test_a_run_over_seeds_reports_mean_and_sd_and_resumes_without_running_again(tmp_path: Path) -> None:
