@@ -174,7 +174,7 @@ class BadRequestLog(logging.Filter):
 async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event,
                 started: Callable[[str], None] | None = None) -> None:
     """Serve app on host:port until stop is set; started(url) once it listens."""
-    bad_requests = BadRequestLog(LogLimiter(log, per_key=5, total=20))
+    bad_requests = BadRequestLog(LogLimiter(log, per_key=5, total=20, what="bad requests"))
     http_log.addFilter(bad_requests)
     runner = web.AppRunner(app, access_log=None, logger=http_log)
     try:

@@ -268,7 +268,7 @@ class Endpoint:
         self.join_ended = asyncio.Event()  # a welcome came, or the join gave up
         self.stopped = False
         self._last_probe: dict[str, float] = {}
-        self.complaints = LogLimiter(log)
+        self.complaints = LogLimiter(log, what="complaints about peers")
         if self.options.membership not in MEMBERSHIP_FORMS:
             raise ValueError(f"{name}: membership must be one of {', '.join(MEMBERSHIP_FORMS)} "
                              f"(got {self.options.membership!r})")

@@ -26,14 +26,17 @@ def remember(table: OrderedDict[K, V], key: K, value: V, cap: int) -> None:
 
 class LogLimiter:
     """Lets through at most ``per_key`` lines per key and ``total`` lines in all per ``window`` seconds;
-    what it held back is counted and told in one line when the key next speaks after its window."""
+    what it held back is counted and told in one line when the key next speaks after its window, named by
+    ``what`` it limits and at the highest level it held (held info lines are no warning)."""
 
     def __init__(self, log: logging.Logger, per_key: int = 5, total: int = 50, window: float = 10.0,
-                 max_keys: int = 1024, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_keys: int = 1024, clock: Callable[[], float] = time.monotonic,
+                 what: str = "refusals of messages") -> None:
         self.log, self.per_key, self.total, self.window, self.max_keys = log, per_key, total, window, max_keys
-        self.clock = clock
-        self.keys: OrderedDict[str, list[float | int]] = OrderedDict()  # key -> [window start, lines, held]
-        self.start, self.lines, self.held = clock(), 0, 0
+        self.clock, self.what = clock, what
+        # key -> [window start, lines, held, highest level held]
+        self.keys: OrderedDict[str, list[float | int]] = OrderedDict()
+        self.start, self.lines, self.held, self.held_level = clock(), 0, 0, logging.NOTSET
 
     def warning(self, key: str, msg: str, *args: object) -> None:
         """log.warning(msg, *args) unless key (or everyone) has had its share of lines in this window."""
@@ -49,19 +52,21 @@ class LogLimiter:
         now = self.clock()
         if now - self.start >= self.window:
             if self.held:
-                self.log.warning("%d more refused messages were not logged in the last %.0f s", self.held,
-                                 now - self.start)
-            self.start, self.lines, self.held = now, 0, 0
+                self.log.log(self.held_level, "%d more %s were not logged in the last %.0f s", self.held, self.what,
+                             now - self.start)
+            self.start, self.lines, self.held, self.held_level = now, 0, 0, logging.NOTSET
         entry = self.keys.get(key)
         if entry is None or now - entry[0] >= self.window:
             if entry is not None and entry[2]:
-                self.log.warning("%d more refusals of messages from %s in the last %.0f s", entry[2], key,
-                                 now - entry[0])
-            entry = [now, 0, 0]
+                self.log.log(int(entry[3]), "%d more %s from %s in the last %.0f s", entry[2], self.what, key,
+                             now - entry[0])
+            entry = [now, 0, 0, logging.NOTSET]
         remember(self.keys, key, entry, self.max_keys)
         if entry[1] >= self.per_key or self.lines >= self.total:
             entry[2] += 1
+            entry[3] = max(entry[3], level)
             self.held += 1
+            self.held_level = max(self.held_level, level)
             return
         entry[1] += 1
         self.lines += 1

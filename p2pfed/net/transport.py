@@ -243,7 +243,7 @@ class Transport:
         self.sent_bytes: Counter[str] = Counter()
         self.dropped = 0
         self.refusals = LogLimiter(log)
-        self.closings = LogLimiter(log)  # closed connections: their own budget, not the refusals'
+        self.closings = LogLimiter(log, what="closed connections")  # their own budget, not the refusals'
         self.inbound = RateLimiter(self.options.rate, 2 * self.options.rate)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -661,7 +661,11 @@ class Transport:
                 await self.router.send_multipart([routing_id, *frames], copy=False)
             self._count(reply.type, sum(memoryview(f).nbytes for f in frames))
         except zmq.ZMQError as exc:
-            log.warning("%s: reply %s to a request could not be sent: %s", self.name, reply.type, exc)
+            # a pong whose prober gave up waiting (under load) finds its connection closed: the prober has
+            # counted the missed probe already, so this is no news (Host unreachable for every late pong)
+            late_pong = reply.type == "pong" and exc.errno == zmq.EHOSTUNREACH
+            log.log(logging.DEBUG if late_pong else logging.WARNING, "%s: reply %s to a request could not be sent: "
+                    "%s", self.name, reply.type, exc)
         except TimeoutError:
             log.warning("%s: reply %s to a request could not be sent within %g s", self.name, reply.type, timeout)
 

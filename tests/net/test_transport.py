@@ -602,6 +602,20 @@ async def test_a_reply_that_cannot_be_routed_is_logged_not_raised(transports: Ma
     assert receiver.bytes_sent == 0
 
 
+async def test_a_pong_to_a_prober_that_gave_up_is_no_warning(transports: Make,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    # seen in every group log of a 100-node run: "reply pong to a request could not be sent: Host unreachable",
+    # a pong to a ping whose sender stopped waiting and closed its probe's connection (it counts the miss itself)
+    receiver = transports("b")
+    identity = {"address": "tcp://127.0.0.1:5", "role": "node", "incarnation": 1, "pubkey": "", "round": 0,
+                "heartbeat": 1.0}
+    pong = Message("pong", "b", id="x" * 8, body={**identity, "news": []})
+    with caplog.at_level(logging.DEBUG, logger="p2pfed.net.transport"):
+        await receiver.reply(b"\x00gone", pong, timeout=1)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "could not be sent" in r.getMessage()]
+    assert [level for level, _ in said] == [logging.DEBUG], said
+
+
 def test_peer_of_names_the_remote_end_or_says_it_cannot() -> None:
     from p2pfed.net.transport import _UNSEEN, _peer_of
 
