@@ -621,7 +621,7 @@ class Transport:
                         self.closings.info(who, "%s: connection from %s closed: %s left", self.name, who, name)
                 else:
                     self.closings.info(who, "%s: connection from %s closed without a goodbye (the peer stopped, "
-                                       "or sent a message over the %.3g MB cap)", self.name, who,
+                                       "or sent a message over the %g MB cap)", self.name, who,
                                        self.options.max_message_bytes / 2**20)
 
     async def _handle(self, routing_id: bytes, msg: Message) -> None:
