@@ -303,15 +303,15 @@ class RayMesh(ProcessMesh):
         gpus = self.scenario.ray.gpus
         if not gpus:  # Ray hides every GPU from an actor given none: "auto" finds none there
             return "cpu"
-        return f"{self.scenario.train.device} ({gpus:g} GPU a worker process, placed by Ray)"
+        return RayMesh.placed_on(self.scenario.train.device, gpus)
 
     def placed(self, devices: str) -> str:
         return RayMesh.placed_on(devices, self.scenario.ray.gpus)
 
     @staticmethod
     def placed_on(devices: str, gpus: float) -> str:
-        """The devices the nodes said, and each worker process's share of a GPU."""
-        return f"{devices}, {gpus:g} GPU a worker process, placed by Ray" if gpus else devices
+        """The devices the nodes said (or train.device before they say), and each worker process's share of a GPU."""
+        return f"{devices}, placed by Ray with {gpus:g} GPU a worker process" if gpus else devices
 
     async def start(self) -> None:
         from ray.util.placement_group import placement_group

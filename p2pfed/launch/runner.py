@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from p2pfed.node.client import CentralNode
 from p2pfed.node.conduct import Conduct
 from p2pfed.node.learner import LearningNode
 from p2pfed.node.local import LocalData, NodeData
-from p2pfed.report.records import read_records
+from p2pfed.report.records import record_files
 from p2pfed.scenario.config import Scenario, apply_overrides, load_scenario, write_scenario
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class MethodRun:
 
     method: str
     seconds: float = 0.0
-    device: str = ""  # what the nodes trained on (train.device resolved on this machine), e.g. "cpu"
+    device: str = ""  # what the nodes trained on, as they said (before they say: train.device resolved here)
     members: int = 0  # how many were to finish (launch/failures.py)
     # member -> why it crashed, never joined the mesh or did not finish
     crashed: dict[str, str] = field(default_factory=dict)
@@ -184,11 +185,11 @@ class InProcessMesh:
         self.host = "127.0.0.1"  # where the bootstrap and a coordinator listen (Ray: where its actors reach them)
 
     def device(self) -> str:
-        """What the nodes train on, as run.json names it before they say."""
+        """What the nodes train on, as this machine can tell before they say (run.json of a run cut short)."""
         return device_of(self.scenario)
 
     def placed(self, devices: str) -> str:
-        """What run.json names the devices the nodes said they trained on by."""
+        """run.json's device, from the devices the nodes said they trained on (Ray adds their share of a GPU)."""
         return devices
 
     def present(self) -> list[str]:
@@ -459,9 +460,10 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
                      progress: Progress | None = None) -> MethodRun:
     """Run one method on the scenario's mesh, its scripted events included; return what happened."""
     out.mkdir(parents=True, exist_ok=True)
-    # run.json too: it marks a method that ran to its end (a run over seeds skips those when it resumes)
-    for stale in [*out.glob("*.jsonl"), *out.glob("*.safetensors"), *out.glob("*.ckpt"), *out.glob("*.kept"),
-                  *out.glob("run.json")]:
+    # run.json too: it marks a method that ran to its end (a run over seeds skips those when it resumes); and
+    # the compressed records of a shipped folder run again
+    for stale in [*out.glob("*.jsonl"), *out.glob("*.jsonl.gz"), *out.glob("*.safetensors"), *out.glob("*.ckpt"),
+                  *out.glob("*.kept"), *out.glob("run.json")]:
         stale.unlink()
     in_children = scenario.processes or scenario.workers > 1
     kind: type[InProcessMesh] = ProcessMesh if in_children else InProcessMesh
@@ -533,13 +535,27 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
 
 
 def devices_said(method_dir: Path) -> str | None:
-    """What a method's nodes said they trained on (their final records): one device, or each with its count of
-    nodes, most first; None where no node said (none finished, or records from before nodes said)."""
-    said = Counter(r["device"] for r in read_records(method_dir)
-                   if r.get("event") == "final" and isinstance(r.get("device"), str))
-    if len(said) <= 1:
-        return next(iter(said), None)
-    return "; ".join(f"{device} ({n} node{'s' if n > 1 else ''})" for device, n in said.most_common())
+    """What a method's nodes said they trained on (each node's final record): one device, or how many nodes on
+    each, most first ("18 nodes on cuda:0 (...), 2 on cpu"); None where no node said (none finished, records
+    from before nodes said) or the records cannot be read."""
+    said: dict[str, str] = {}  # node -> its device: a node that recorded its end twice counts once
+    try:
+        for path in record_files(method_dir):
+            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            for line in text.splitlines():
+                if '"final"' not in line:  # most records are not: skip them unparsed (1,000 nodes' files)
+                    continue
+                with contextlib.suppress(json.JSONDecodeError):  # a torn last line of a crashed node
+                    record = json.loads(line)
+                    if record.get("event") == "final" and isinstance(record.get("device"), str):
+                        said[str(record.get("node"))] = record["device"]
+    except (OSError, ValueError, EOFError):  # a damaged copy: run.json, which marks the method done, still goes
+        return None
+    counts = Counter(said.values()).most_common()
+    if len(counts) <= 1:
+        return counts[0][0] if counts else None
+    (first, n), *rest = counts
+    return ", ".join([f"{n} nodes on {first}", *(f"{k} on {device}" for device, k in rest)])
 
 
 def device_of(scenario: Scenario) -> str:

@@ -52,14 +52,14 @@ class LogLimiter:
         now = self.clock()
         if now - self.start >= self.window:
             if self.held:
-                self.log.log(self.held_level, "%d more %s were not logged in the last %.0f s", self.held, self.what,
+                self.log.log(self.held_level, "%s: %d more not logged in the last %.0f s", self.what, self.held,
                              now - self.start)
             self.start, self.lines, self.held, self.held_level = now, 0, 0, logging.NOTSET
         entry = self.keys.get(key)
         if entry is None or now - entry[0] >= self.window:
             if entry is not None and entry[2]:
-                self.log.log(int(entry[3]), "%d more %s from %s in the last %.0f s", entry[2], self.what, key,
-                             now - entry[0])
+                self.log.log(int(entry[3]), "%s (%s): %d more not logged in the last %.0f s", self.what, key,
+                             entry[2], now - entry[0])
             entry = [now, 0, 0, logging.NOTSET]
         remember(self.keys, key, entry, self.max_keys)
         if entry[1] >= self.per_key or self.lines >= self.total:

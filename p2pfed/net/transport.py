@@ -621,8 +621,8 @@ class Transport:
                         self.closings.info(who, "%s: connection from %s closed: %s left", self.name, who, name)
                 else:
                     self.closings.info(who, "%s: connection from %s closed without a goodbye (the peer stopped, "
-                                       "or sent a message over the %g MB cap)", self.name, who,
-                                       self.options.max_message_bytes / 2**20)
+                                       "or sent a message over the %s MB cap)", self.name, who,
+                                       _megabytes(self.options.max_message_bytes))
 
     async def _handle(self, routing_id: bytes, msg: Message) -> None:
         try:
@@ -682,6 +682,12 @@ def _closed_on_failure(sock: zmq.asyncio.Socket) -> Iterator[None]:
     except BaseException:
         sock.close(linger=0)
         raise
+
+
+def _megabytes(size: int) -> str:
+    """A byte count in MB as a person reads it: "1024", "0.0954" (not "1.02e+03")."""
+    mb = size / 2**20
+    return f"{mb:.0f}" if mb >= 100 else f"{mb:.3g}"
 
 
 def _origin(frame: zmq.Frame) -> str:

@@ -22,7 +22,6 @@ from p2pfed.config import ConfigError
 from p2pfed.launch.deploy import Placement, parse_placement
 from p2pfed.launch.member import any_port
 from p2pfed.launch.ray_engine import TOKEN, NodeGroup, RayMesh, check_authenticated, require_ray, write_back
-from p2pfed.launch.runner import devices_said
 from p2pfed.scenario.config import RayConfig, load_scenario
 from tests.helpers import wait_for
 
@@ -142,18 +141,12 @@ def test_a_cluster_at_an_address_is_joined_only_with_ray_token_authentication(
     check_authenticated(RayConfig(address="10.0.0.1:6379"))
 
 
-def test_a_run_on_ray_names_the_device_its_nodes_said_they_trained_on(tmp_path: Path) -> None:
+def test_a_run_on_ray_names_the_device_its_nodes_said_and_their_share_of_a_gpu() -> None:
     # seen on an H100 with ray.gpus = 0.25: every node trained on cuda:0, but the table said "Trained on: auto
     # (0.25 GPU a worker process, placed by Ray)": the driver cannot resolve "auto" where the actors run
-    for name, device in (("n00", "cuda:0 (NVIDIA H100 80GB HBM3)"), ("n01", "cuda:0 (NVIDIA H100 80GB HBM3)")):
-        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"event": "final", "node": name, "device": device}) + "\n")
-    said = devices_said(tmp_path)
-    assert said == "cuda:0 (NVIDIA H100 80GB HBM3)"
-    assert RayMesh.placed_on(said, 0.25) == "cuda:0 (NVIDIA H100 80GB HBM3), 0.25 GPU a worker process, placed by Ray"
-    (tmp_path / "n02.jsonl").write_text(json.dumps({"event": "final", "node": "n02", "device": "cpu"}) + "\n")
-    (tmp_path / "n03.jsonl").write_text(json.dumps({"event": "round", "node": "n03"}) + "\n")  # no word: not counted
-    assert devices_said(tmp_path) == "cuda:0 (NVIDIA H100 80GB HBM3) (2 nodes); cpu (1 node)"
-    assert devices_said(tmp_path / "nothing") is None  # no node said: the runner keeps what it expected
+    assert RayMesh.placed_on("cuda:0 (NVIDIA H100 80GB HBM3)", 0.25) == (
+        "cuda:0 (NVIDIA H100 80GB HBM3), placed by Ray with 0.25 GPU a worker process")
+    assert RayMesh.placed_on("cpu", 0) == "cpu"
 
 
 def test_ray_hides_gpus_from_a_worker_process_given_none(scenario_file: Path) -> None:

@@ -24,8 +24,8 @@ def test_held_lines_of_closed_connections_are_told_as_such_and_at_their_own_leve
     said = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert said == [
         (logging.INFO, "connection from a closed"), (logging.INFO, "connection from b closed"),
-        (logging.INFO, "3 more closed connections were not logged in the last 11 s"),
-        (logging.INFO, "1 more closed connections from a in the last 11 s"),
+        (logging.INFO, "closed connections: 3 more not logged in the last 11 s"),
+        (logging.INFO, "closed connections (a): 1 more not logged in the last 11 s"),
         (logging.INFO, "connection from a closed")]
 
 
@@ -40,5 +40,5 @@ def test_held_warnings_are_told_as_a_warning(caplog: pytest.LogCaptureFixture) -
         refusals.info("b", "b said")
     said = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert said == [(logging.INFO, "a said too much"),
-                    (logging.WARNING, "1 more refusals of messages were not logged in the last 11 s"),
+                    (logging.WARNING, "refusals of messages: 1 more not logged in the last 11 s"),
                     (logging.INFO, "b said")]

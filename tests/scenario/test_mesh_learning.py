@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pfed.launch.runner import run_scenario
+from p2pfed.launch.runner import devices_said, run_scenario
 from p2pfed.scenario.config import load_scenario
 
 SCENARIO = """
@@ -192,6 +192,24 @@ def test_the_papers_selection_and_clustering_rules_run_over_sockets(tmp_path: Pa
     assert {summary[m]["device"] for m in summary} == {device} and table.endswith(f"Trained on: {device}.\n")
     # each node's final record says what it trained on (what run.json reports where the runner cannot know)
     assert {r["device"] for r in records(out, "pfedlia-p2p-paper", "n00") if r["event"] == "final"} == {device}
+
+
+def test_run_json_says_what_the_nodes_said_they_trained_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # where the nodes run elsewhere (Ray actors given a share of a GPU), the runner cannot resolve "auto" for them:
+    # run.json takes the devices from the nodes' final records, counted per node where they differ
+    import p2pfed.node.learner as learner
+
+    monkeypatch.setattr(learner, "describe_device", lambda device: "fake:0 (a test's device)")
+    path = write(tmp_path, methods='["local-p2p"]')
+    shrink(path, nodes=4, clusters=2, rounds=2)
+    out = tmp_path / "run"
+    run_scenario(load_scenario(path), out)
+    assert json.loads((out / "local-p2p" / "run.json").read_text())["device"] == "fake:0 (a test's device)"
+    lines = (out / "local-p2p" / "n00.jsonl").read_text().replace("fake:0 (a test's device)", "cpu")
+    (out / "local-p2p" / "n00.jsonl").write_text(lines + lines.splitlines()[-1] + "\n")  # its end said twice
+    (out / "local-p2p" / "n03.jsonl").write_text("not json\n")
+    assert devices_said(out / "local-p2p") == "2 nodes on fake:0 (a test's device), 1 on cpu"
+    assert devices_said(tmp_path / "nothing") is None
 
 
 def test_a_run_over_seeds_reports_mean_and_sd_and_resumes_without_running_again(tmp_path: Path) -> None:
