@@ -144,6 +144,9 @@ def lia_table(figures: dict[str, Any]) -> str:
                  f"one at a time | {1e3 * s['one_at_a_time_s']:.1f} ms | 1 |",
                  f"| (a) the same, batched over stacked parameters (`torch.func.vmap`) | "
                  f"{1e3 * s['batched_s']:.1f} ms | {s['speed_up']:.2f}x |"]
+        if "one_at_a_time_max_pool2d_s" in s:  # measured since MaxPool2 (older files have no such row)
+            rows += [f"| (a) one at a time, with torch's `max_pool2d` in place of `MaxPool2` | "
+                     f"{1e3 * s['one_at_a_time_max_pool2d_s']:.1f} ms | {1 / s['pool_speed_up']:.2f}x |"]
     if "lazy_vs_exact" in figures:
         b = figures["lazy_vs_exact"]
         rows += [f"| (b) exact influence of a 100-point batch (retrain on {b['initial_points']} + 100 points to "
