@@ -9,7 +9,7 @@
     threshold, then evaluates; lazy trains w0 for a few epochs on the batch only, then evaluates.
     The paper reports 40–500x.
 
-Run: python benchmarks/lia.py [--dataset fmnist|digits] [--device cpu|cuda|auto] [--peers 99] [--repeat 5]
+Run: python benchmarks/lia.py [--dataset fmnist|digits] [--device cpu|cuda|auto] [--peers 99] [--repeat 5] [--threads N]
 [--json FILE]. On CUDA the partial models start in host memory, as received models do, so (a) includes copying
 them to the GPU; every figure ends in a value read back to the host, so the timings wait for the GPU.
 """
@@ -129,12 +129,17 @@ def main() -> None:
     parser.add_argument("--lazy-epochs", type=int, default=20)
     parser.add_argument("--device", default="cpu", help="cpu (the default), cuda, cuda:N or auto (the GPU if any)")
     parser.add_argument("--only", choices=["a", "b"])
+    parser.add_argument("--threads", type=int, help="torch's threads (default: torch's own; a node process uses 1)")
     parser.add_argument("--json", type=Path, help="also write the figures here (what docs/ tables are drawn from)")
     args = parser.parse_args()
     try:
         device = pick_device(args.device)
     except (ValueError, RuntimeError) as e:  # CUDA asked for on a machine without it, or a malformed name
         parser.error(str(e))
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1 (got {args.threads})")
+        torch.set_num_threads(args.threads)
     figures: dict[str, Any] = {"repeat": args.repeat}
     if args.only != "b":
         figures["scoring"] = bench_scoring(args.dataset, args.peers, args.val, args.repeat, device)

@@ -61,7 +61,7 @@ def score_peers(model: nn.Module, w0: dict[str, torch.Tensor], partials: list[di
     Models are scored chunk at a time; by default the chunk is as large as memory_budget allows for the
     activations of the stacked models (a vmapped forward holds every model's activations at once), at
     most 16. batched=None batches on CUDA only: on this project's 2-core CPU, benchmarks/lia.py measured
-    the vmapped small CNN at 0.4–1.4x of one model at a time (the work is FLOP-bound there), so the CPU
+    the vmapped small CNN at 0.2–1.4x of one model at a time (the work is FLOP-bound there), so the CPU
     takes the loop, which gives the same scores.
     """
     if not partials:

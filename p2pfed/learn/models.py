@@ -22,9 +22,10 @@ class MaxPool2(nn.MaxPool2d):
     """nn.MaxPool2d(2), the same values faster where no gradient is taken on a CPU (scoring peers, evaluating).
 
     torch's CPU max_pool2d was the largest cost of pFedLIA's scoring: 39 % of a Fashion-MNIST node's process, more
-    than the convolutions (py-spy); the elementwise maximum of the window's four strided views gave the same
-    values 10 to 20x faster (benchmarks/lia.py). Training keeps max_pool2d (its backward gives a tie's gradient
-    to the first of the tied; torch.maximum's would split it), and so does CUDA (one kernel there)."""
+    than the convolutions (py-spy). The elementwise maximum of the window's four strided views gives the same
+    values, and scoring 99 Fashion-MNIST partial models took 2.3x less time with it (benchmarks/lia.py,
+    docs/performance.md). Training keeps max_pool2d (its backward gives a tie's gradient to the first of the
+    tied; torch.maximum's would split it), and so does CUDA (one kernel there)."""
 
     def __init__(self) -> None:
         super().__init__(2)
