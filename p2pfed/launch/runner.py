@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import json
 import logging
 import os
@@ -46,7 +45,7 @@ from p2pfed.node.client import CentralNode
 from p2pfed.node.conduct import Conduct
 from p2pfed.node.learner import LearningNode
 from p2pfed.node.local import LocalData, NodeData
-from p2pfed.report.records import record_files
+from p2pfed.report.records import read_records
 from p2pfed.scenario.config import Scenario, apply_overrides, load_scenario, write_scenario
 
 log = logging.getLogger(__name__)
@@ -538,19 +537,13 @@ def devices_said(method_dir: Path) -> str | None:
     """What a method's nodes said they trained on (each node's final record): one device, or how many nodes on
     each, most first ("18 nodes on cuda:0 (...), 2 on cpu"); None where no node said (none finished, records
     from before nodes said) or the records cannot be read."""
-    said: dict[str, str] = {}  # node -> its device: a node that recorded its end twice counts once
     try:
-        for path in record_files(method_dir):
-            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-            for line in text.splitlines():
-                if '"final"' not in line:  # most records are not: skip them unparsed (1,000 nodes' files)
-                    continue
-                with contextlib.suppress(json.JSONDecodeError):  # a torn last line of a crashed node
-                    record = json.loads(line)
-                    if record.get("event") == "final" and isinstance(record.get("device"), str):
-                        said[str(record.get("node"))] = record["device"]
+        finals = read_records(method_dir, containing='"final"')  # only final lines parsed: 1,000 nodes' files
     except (OSError, ValueError, EOFError):  # a damaged copy: run.json, which marks the method done, still goes
         return None
+    # node -> its device: a node that recorded its end twice counts once
+    said = {str(r.get("node")): r["device"] for r in finals
+            if r.get("event") == "final" and isinstance(r.get("device"), str)}
     counts = Counter(said.values()).most_common()
     if len(counts) <= 1:
         return counts[0][0] if counts else None

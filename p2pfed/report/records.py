@@ -34,12 +34,15 @@ def record_files(method_dir: Path) -> list[Path]:
     return sorted([*method_dir.glob("*.jsonl"), *method_dir.glob("*.jsonl.gz")], key=lambda p: p.name)
 
 
-def read_records(method_dir: Path) -> list[dict[str, Any]]:
-    """Every JSONL record of a method's nodes (a torn last line of a crashed node is skipped)."""
+def read_records(method_dir: Path, containing: str = "") -> list[dict[str, Any]]:
+    """Every JSONL record of a method's nodes (a torn last line of a crashed node is skipped); with containing,
+    only the lines that hold that text are parsed (e.g. '"final"': the rest of a large run's lines are skipped)."""
     records = []
     for path in record_files(method_dir):
         text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
         for line in text.splitlines():
+            if containing not in line:
+                continue
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
