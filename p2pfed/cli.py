@@ -1,5 +1,5 @@
-"""The p2pfed command line: bootstrap, node, coordinator, mesh status, keys, run, report, dashboard, export,
-predict, convert.
+"""The p2pfed command line: bootstrap, node, coordinator, mesh status, keys, run, report, deploy, deployment,
+dashboard, export, predict, convert.
 
 Only this module prints; the library logs.
 """
@@ -124,21 +124,40 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    """Start nodes with their own data on the machines of a Ray cluster, and a bootstrap here; run until they end."""
+    """Start nodes with their own data on the machines of a Ray cluster, and a bootstrap here; run until they end
+    (or, with --detach, leave them running under a supervisor of the cluster's and return)."""
+    import os
     import time
 
     from p2pfed.launch.deploy import check_deploy, deploy, parse_placement
+    from p2pfed.launch.detached import check_name, deploy_detached
     from p2pfed.launch.ray_engine import ray_session
-    from p2pfed.scenario.config import RayConfig
 
     placements = [parse_placement(text, Path.cwd()) for text in args.data]
-    config = RayConfig(address=args.address or "", cpus=args.cpus, gpus=args.gpus, restarts=args.restarts,
-                       authenticated=not args.ray_unauthenticated)
-    config.validate("--")
+    config = _deploy_ray_config(args)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535 (got {args.port})")
+    if args.detach and not config.address and not os.environ.get("RAY_ADDRESS"):
+        raise ConfigError("--detach leaves the nodes on a Ray cluster that outlives this command: give its --address "
+                          "(HEAD:6379, started with `ray start --head`); without one the cluster is this command's "
+                          "own and ends with it")
+    if args.name and not args.detach:
+        raise ConfigError("--name names a detached deployment: give --detach too")
     method = check_deploy(Path(args.recipe), placements, args.method, config)
     out = Path(args.out) if args.out else Path("runs") / f"deploy-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.detach:
+        name = check_name(args.name or out.name)
+        with ray_session(config, len(placements)):
+            ticket = asyncio.run(deploy_detached(Path(args.recipe), placements, out, name=name, method=method,
+                                                 mesh=args.mesh, insecure=args.insecure, config=config,
+                                                 port=args.port))
+        at = (f" --address {args.address}" if args.address else "") + (
+            " --ray-unauthenticated" if args.ray_unauthenticated else "")
+        print(f"deployment {name}: {len(placements)} nodes running on the Ray cluster, detached from this command\n"
+              f"bootstrap ticket: {ticket} (more nodes may join with --join {ticket})\n"
+              f"see it:  p2pfed deployment status {name}{at}\n"
+              f"stop it: p2pfed deployment stop {name}{at} (records and logs: {out})")
+        return 0
 
     def started(ticket: str) -> None:
         print(f"bootstrap ticket: {ticket} (more nodes may join with --join {ticket})", file=sys.stderr)
@@ -152,16 +171,75 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                                        progress=bars.update, started=started))
 
         _run_until_signal(run)
+    return _said_per_node(out, [(p.name, p.host) for p in placements], failed, "deploy folder")
+
+
+def _deploy_ray_config(args: argparse.Namespace) -> Any:
+    """The [ray] settings that deploy's and deployment's options give, checked."""
+    from p2pfed.scenario.config import RayConfig
+
+    config = RayConfig(address=args.address or "", cpus=getattr(args, "cpus", 1.0), gpus=getattr(args, "gpus", 0.0),
+                       restarts=getattr(args, "restarts", 1), authenticated=not args.ray_unauthenticated)
+    config.validate("--")
+    return config
+
+
+def _said_per_node(out: Path, nodes: list[tuple[str, str]], failed: dict[str, str], what: str) -> int:
+    """A line per node (its machine, final accuracy and chosen peers, or why it did not finish), the folder, and
+    exit status 1 naming each node that did not finish."""
     from p2pfed.report.records import read_records
 
     finals = {r["node"]: r for r in read_records(out) if r.get("event") == "final" and "node" in r}
-    for p in placements:
-        final = finals.get(p.name)
+    for name, host in nodes:
+        final = finals.get(name)
         said = (f"accuracy {100 * final['accuracy']:.2f} %, chose {', '.join(final.get('chosen') or []) or 'no one'}"
-                if final else failed.get(p.name, "no final record"))
-        print(f"{p.name:12s} on {p.host:15s} {said}")
-    print(f"\ndeploy folder: {out} (each node's records and log; its model stays on its machine)")
+                if final else failed.get(name, "no final record"))
+        print(f"{name:12s} on {host:15s} {said}")
+    print(f"\n{what}: {out} (each node's records and log; its model stays on its machine)")
     return _failed([f"{name} did not finish: {why}" for name, why in failed.items()])
+
+
+def cmd_deployment(args: argparse.Namespace) -> int:
+    """Look at or stop a detached deployment (p2pfed deploy --detach) on a Ray cluster."""
+    import os
+
+    from p2pfed.launch import detached
+    from p2pfed.launch.ray_engine import ray_session
+
+    config = _deploy_ray_config(args)
+    if not config.address and not os.environ.get("RAY_ADDRESS"):
+        raise ConfigError("p2pfed deployment asks the Ray cluster the deployment runs on: give its --address "
+                          "(HEAD:6379) or set RAY_ADDRESS")
+    with ray_session(config, 0):
+        if args.action == "stop":
+            if not args.name:
+                raise ConfigError("p2pfed deployment stop NAME: which deployment (p2pfed deployment status lists them)")
+            described, failed = asyncio.run(detached.stop(args.name, Path(args.out) if args.out else None))
+            print(f"deployment {args.name} stopped")
+            return _said_per_node(Path(args.out or described["out"]),
+                                  [(n["name"], n["host"]) for n in described["nodes"]], failed, "deploy folder")
+        if not args.name:
+            names = detached.deployments()
+            print("\n".join(names) if names else "no deployments on this Ray cluster")
+            return 0
+        described = asyncio.run(detached.status(args.name))
+    print(f"deployment {args.name}: {described['method']} on {len(described['nodes'])} nodes, "
+          f"{described['rounds']} rounds; "
+          f"bootstrap {described['ticket'] or 'not running'}; records and logs: {described['out']}")
+    rows = []
+    for node in described["nodes"]:
+        state = described["states"][node["name"]]
+        said = state["state"]
+        if state["state"] == "finished" and state.get("accuracy") is not None:
+            said += f": accuracy {100 * state['accuracy']:.2f} %, chose {', '.join(state['chosen']) or 'no one'}"
+        elif state.get("why"):
+            said += f": {state['why']}"
+        trouble = described["trouble"].get(node["name"])
+        at = described["rounds"] if state["state"] == "finished" else described["node_rounds"].get(node["name"], "-")
+        rows.append([node["name"], node["host"], at,
+                     described["heard"].get(node["name"], "-"), said + (f" ({trouble})" if trouble else "")])
+    print(tabulate(rows, headers=["node", "machine", "round", "bootstrap hears it", "state"]))
+    return 0
 
 
 def _status_keys(args: argparse.Namespace) -> tuple[Any, bytes | None]:
@@ -650,9 +728,27 @@ def _add_deploy_command(sub: Any) -> None:
     p.add_argument("--ray-unauthenticated", action="store_true",
                    help="join a Ray cluster that runs without token authentication (with a warning): only where "
                         "every host is trusted")
+    p.add_argument("--detach", action="store_true",
+                   help="leave the nodes running on the cluster (at --address) and return: see them with `p2pfed "
+                        "deployment status NAME`, stop them with `p2pfed deployment stop NAME`")
+    p.add_argument("--name", help="the detached deployment's name (default: the deploy folder's)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-vv: debug)")
     p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("deployment", help="look at or stop a detached deployment (p2pfed deploy --detach)")
+    p.add_argument("action", choices=["status", "stop"],
+                   help="status: each node's machine, round and state (no NAME: the cluster's deployments); stop: "
+                        "every node leaves the mesh, their records are gathered, and every actor ends")
+    p.add_argument("name", nargs="?", help="the deployment's name (p2pfed deploy --detach printed it)")
+    p.add_argument("--address", help="the Ray cluster (HEAD:6379; default: RAY_ADDRESS)")
+    p.add_argument("--out", help="stop: where the records of nodes that could not write to the deploy folder go "
+                                 "(default: the deploy folder)")
+    p.add_argument("--ray-unauthenticated", action="store_true",
+                   help="join a Ray cluster that runs without token authentication (with a warning): only where "
+                        "every host is trusted")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (-vv: debug)")
+    p.set_defaults(func=cmd_deployment)
 
 
 def _add_tool_commands(sub: Any) -> None:

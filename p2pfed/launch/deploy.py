@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from p2pfed.launch.ray_engine import (
     gpus_hidden,
     machines,
     require_ray,
+    why_failed,
 )
 from p2pfed.scenario.config import RayConfig
 from p2pfed.wire.messages import clip, is_name
@@ -69,6 +71,11 @@ def parse_placement(text: str, cwd: Path) -> Placement:
 class OwnNode(Placed):
     """One node with its own data, as a Ray actor on the machine that holds the data."""
 
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.task: asyncio.Task[dict[str, Any]] | None = None  # a detached deployment's run (start)
+        self.cut_short = False  # stopped (finish) while it still ran
+
     async def run(self) -> dict[str, Any]:
         """Run the node to its end (Placed.run_members)."""
         spec = self.spec
@@ -82,6 +89,62 @@ class OwnNode(Placed):
                                wait_for=spec["wait_for"])
 
         return await self.run_members(node)
+
+    # -- a detached deployment (launch/detached.py): no caller waits on run, the actor runs it itself ------------
+    async def start(self) -> bool:
+        """Begin the run in this actor's own loop unless it has begun; True if it begins now. Its supervisor asks
+        again and again, so a process Ray restarted (this actor anew, nothing begun) runs the node again, which
+        resumes from its checkpoint."""
+        if self.task is not None:
+            return False
+        self.task = asyncio.ensure_future(self.run())
+        return True
+
+    async def state(self) -> dict[str, Any]:
+        """Where the run stands: waiting (not begun: a process just restarted), running, failed (why) or finished
+        (its final record's accuracy and chosen peers)."""
+        if self.task is None:
+            return {"state": "waiting"}
+        if not self.task.done():
+            return {"state": "running"}
+        error: str | None
+        if self.task.cancelled():
+            error = "its run was cancelled"
+        elif (exc := self.task.exception()) is not None:
+            error = why_failed(exc)
+        else:
+            error = self.task.result().get("error")
+        if error:
+            return {"state": "failed", "why": error}
+        final = final_record(self.folder()[0] / f"{self.spec['names'][0]}.jsonl")
+        return {"state": "finished", "accuracy": final.get("accuracy"), "chosen": final.get("chosen") or []}
+
+    async def finish(self) -> dict[str, Any]:
+        """Stop the node if it still runs (it leaves the mesh) and return what its run returned, with cut_short
+        true if it was still running."""
+        if self.task is None:  # never begun here (restarted and not yet begun again): nothing ran, nothing to send
+            return {"files": {}, "error": "its process was restarted by Ray and had not begun again",
+                    "cut_short": True}
+        self.cut_short = self.cut_short or not self.task.done()
+        self.stopping.set()
+        try:
+            result = dict(await self.task)
+        except (Exception, asyncio.CancelledError) as exc:  # told, not raised: the other nodes still stop
+            result = {"files": {}, "error": why_failed(exc)}
+        return {**result, "cut_short": self.cut_short}
+
+
+def final_record(path: Path) -> dict[str, Any]:
+    """The last final record in a node's records file ({} if none: not finished, or not readable here)."""
+    found: dict[str, Any] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            if '"final"' in line:
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict) and record.get("event") == "final":
+                        found = record
+    return found
 
 
 def check_deploy(recipe_path: Path, placements: list[Placement], method: str | None, config: RayConfig) -> str:
@@ -101,6 +164,41 @@ def check_deploy(recipe_path: Path, placements: list[Placement], method: str | N
     return method
 
 
+def cluster_of(ray: Any, placements: list[Placement]) -> dict[str, str]:
+    """The cluster's machines, address -> Ray node id (this machine also as localhost and 127.0.0.1); raise
+    ConfigError naming a placement's machine that is not one of them."""
+    cluster = machines(ray)
+    here = ray.util.get_node_ip_address()
+    if here in cluster:  # this machine by any of its names
+        cluster.update(dict.fromkeys(("localhost", LOOPBACK), cluster[here]))
+    unknown = sorted({p.host for p in placements} - set(cluster))
+    if unknown:
+        known = sorted(m for m in cluster if m not in ("localhost", LOOPBACK))
+        raise ConfigError(f"--data: {', '.join(unknown)} is no machine of the Ray cluster (its machines: "
+                          f"{', '.join(known)})")
+    return cluster
+
+
+def node_spec(p: Placement, recipe_path: Path, method: str, out: Path, token: str, ticket: str, mesh: str,
+              insecure: bool, nodes: int, loopback: bool) -> dict[str, Any]:
+    """What OwnNode needs to run placement p's node (it waits for the deployment's other nodes before round 0)."""
+    return {"names": [p.name], "data": p.data, "recipe_text": recipe_path.read_text(), "method": method,
+            "out": str(out.resolve()), "token": token, "ticket": ticket, "mesh": mesh, "insecure": insecure,
+            "wait_for": nodes - 1, "loopback": loopback, "log": f"{p.name}.log"}
+
+
+async def await_placed(ray: Any, actors: dict[str, Any], placements: list[Placement], config: RayConfig) -> None:
+    """Wait until Ray has started every actor's process; raise ConfigError naming those it could not place."""
+    placed = {name: actor.ready.remote() for name, actor in actors.items()}
+    ready, _ = await asyncio.to_thread(ray.wait, list(placed.values()), num_returns=len(placed), timeout=PLACE_WAIT)
+    if len(ready) < len(placed):
+        waiting = [f"{name} ({next(p.host for p in placements if p.name == name)})"
+                   for name, ref in placed.items() if ref not in ready]
+        raise ConfigError(f"Ray could not start {', '.join(waiting)} within {PLACE_WAIT:.0f} s: a machine "
+                          f"without --cpus {config.cpus:g}" + (f" and --gpus {config.gpus:g}" if config.gpus
+                                                               else "") + " free")
+
+
 async def deploy(recipe_path: Path, placements: list[Placement], out: Path, stop: asyncio.Event, *,
                  method: str, mesh: str, insecure: bool, config: RayConfig, port: int = 0,
                  progress: Progress | None = None, started: Callable[[str], None] | None = None) -> dict[str, str]:
@@ -113,15 +211,7 @@ async def deploy(recipe_path: Path, placements: list[Placement], out: Path, stop
     from p2pfed.methods import load_checked
 
     recipe = load_checked(recipe_path)
-    cluster = machines(ray)
-    here = ray.util.get_node_ip_address()
-    if here in cluster:  # this machine by any of its names
-        cluster.update(dict.fromkeys(("localhost", LOOPBACK), cluster[here]))
-    unknown = sorted({p.host for p in placements} - set(cluster))
-    if unknown:
-        known = sorted(m for m in cluster if m not in ("localhost", LOOPBACK))
-        raise ConfigError(f"--data: {', '.join(unknown)} is no machine of the Ray cluster (its machines: "
-                          f"{', '.join(known)})")
+    cluster = cluster_of(ray, placements)
     host = bind_host(ray)
     token = secrets.token_hex(16)
     cfg = NodeConfig(name="bootstrap", bind=f"tcp://{host}:{port}")
@@ -137,21 +227,11 @@ async def deploy(recipe_path: Path, placements: list[Placement], out: Path, stop
         if started:
             started(boot.ticket)
         for p in placements:
-            spec = {"names": [p.name], "data": p.data, "recipe_text": recipe_path.read_text(), "method": method,
-                    "out": str(out.resolve()), "token": token, "ticket": boot.ticket, "mesh": mesh,
-                    "insecure": cfg.mesh.insecure, "wait_for": len(placements) - 1, "loopback": host == LOOPBACK,
-                    "log": f"{p.name}.log"}
+            spec = node_spec(p, recipe_path, method, out, token, boot.ticket, mesh, cfg.mesh.insecure, len(placements),
+                             host == LOOPBACK)
             strategy = NodeAffinitySchedulingStrategy(cluster[p.host], soft=False)
             actors[p.name] = ray.remote(OwnNode).options(**actor_options(config, strategy)).remote(spec)
-        placed = {name: actor.ready.remote() for name, actor in actors.items()}
-        ready, _ = await asyncio.to_thread(ray.wait, list(placed.values()), num_returns=len(placed),
-                                           timeout=PLACE_WAIT)
-        if len(ready) < len(placed):
-            waiting = [f"{name} ({next(p.host for p in placements if p.name == name)})"
-                       for name, ref in placed.items() if ref not in ready]
-            raise ConfigError(f"Ray could not start {', '.join(waiting)} within {PLACE_WAIT:.0f} s: a machine "
-                              f"without --cpus {config.cpus:g}" + (f" and --gpus {config.gpus:g}" if config.gpus
-                                                                   else "") + " free")
+        await await_placed(ray, actors, placements, config)
         pending = {name: actor.run.remote() for name, actor in actors.items()}
         while pending and not stop.is_set():
             ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
