@@ -146,7 +146,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     method = check_deploy(Path(args.recipe), placements, args.method, config)
     out = Path(args.out) if args.out else Path("runs") / f"deploy-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.detach:
-        name = check_name(args.name or out.name)
+        name = check_name(args.name, "--name") if args.name else check_name(out.name, "the deploy folder's name")
         with ray_session(config, len(placements)):
             ticket = asyncio.run(deploy_detached(Path(args.recipe), placements, out, name=name, method=method,
                                                  mesh=args.mesh, insecure=args.insecure, config=config,
@@ -184,12 +184,14 @@ def _deploy_ray_config(args: argparse.Namespace) -> Any:
     return config
 
 
-def _said_per_node(out: Path, nodes: list[tuple[str, str]], failed: dict[str, str], what: str) -> int:
+def _said_per_node(out: Path, nodes: list[tuple[str, str]], failed: dict[str, str], what: str,
+                   finals: dict[str, Any] | None = None) -> int:
     """A line per node (its machine, final accuracy and chosen peers, or why it did not finish), the folder, and
-    exit status 1 naming each node that did not finish."""
+    exit status 1 naming each node that did not finish. The finals are the folder's final records unless given."""
     from p2pfed.report.records import read_records
 
-    finals = {r["node"]: r for r in read_records(out) if r.get("event") == "final" and "node" in r}
+    if finals is None:
+        finals = {r["node"]: r for r in read_records(out) if r.get("event") == "final" and "node" in r}
     for name, host in nodes:
         final = finals.get(name)
         said = (f"accuracy {100 * final['accuracy']:.2f} %, chose {', '.join(final.get('chosen') or []) or 'no one'}"
@@ -210,14 +212,17 @@ def cmd_deployment(args: argparse.Namespace) -> int:
     if not config.address and not os.environ.get("RAY_ADDRESS"):
         raise ConfigError("p2pfed deployment asks the Ray cluster the deployment runs on: give its --address "
                           "(HEAD:6379) or set RAY_ADDRESS")
+    if args.action == "stop" and not args.name:
+        raise ConfigError("p2pfed deployment stop NAME: which deployment (p2pfed deployment status lists them)")
+    if args.name:
+        detached.check_name(args.name, "deployment")
     with ray_session(config, 0):
         if args.action == "stop":
-            if not args.name:
-                raise ConfigError("p2pfed deployment stop NAME: which deployment (p2pfed deployment status lists them)")
-            described, failed = asyncio.run(detached.stop(args.name, Path(args.out) if args.out else None))
+            described, failed, finals = asyncio.run(detached.stop(args.name, Path(args.out) if args.out else None))
             print(f"deployment {args.name} stopped")
             return _said_per_node(Path(args.out or described["out"]),
-                                  [(n["name"], n["host"]) for n in described["nodes"]], failed, "deploy folder")
+                                  [(n["name"], n["host"]) for n in described["nodes"]], failed, "deploy folder",
+                                  finals)
         if not args.name:
             names = detached.deployments()
             print("\n".join(names) if names else "no deployments on this Ray cluster")

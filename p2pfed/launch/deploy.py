@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from p2pfed.launch.ray_engine import (
     require_ray,
     why_failed,
 )
+from p2pfed.report.records import read_record_file
 from p2pfed.scenario.config import RayConfig
 from p2pfed.wire.messages import clip, is_name
 
@@ -74,7 +74,7 @@ class OwnNode(Placed):
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
         self.task: asyncio.Task[dict[str, Any]] | None = None  # a detached deployment's run (start)
-        self.cut_short = False  # stopped (finish) while it still ran
+        self.finishing = False  # asked to finish: never begun again
 
     async def run(self) -> dict[str, Any]:
         """Run the node to its end (Placed.run_members)."""
@@ -92,10 +92,10 @@ class OwnNode(Placed):
 
     # -- a detached deployment (launch/detached.py): no caller waits on run, the actor runs it itself ------------
     async def start(self) -> bool:
-        """Begin the run in this actor's own loop unless it has begun; True if it begins now. Its supervisor asks
-        again and again, so a process Ray restarted (this actor anew, nothing begun) runs the node again, which
-        resumes from its checkpoint."""
-        if self.task is not None:
+        """Begin the run in this actor's own loop unless it has begun or the node was asked to finish; True if it
+        begins now. Its supervisor asks again and again, so a process Ray restarted (this actor anew, nothing begun)
+        runs the node again, which resumes from its checkpoint."""
+        if self.task is not None or self.finishing:
             return False
         self.task = asyncio.ensure_future(self.run())
         return True
@@ -116,35 +116,37 @@ class OwnNode(Placed):
             error = self.task.result().get("error")
         if error:
             return {"state": "failed", "why": error}
-        final = final_record(self.folder()[0] / f"{self.spec['names'][0]}.jsonl")
-        return {"state": "finished", "accuracy": final.get("accuracy"), "chosen": final.get("chosen") or []}
+        return {"state": "finished", **self.final()}
+
+    def final(self) -> dict[str, Any]:
+        """The node's final accuracy and chosen peers, from its records file ({} before its end)."""
+        path = self.folder()[0] / f"{self.spec['names'][0]}.jsonl"
+        with contextlib.suppress(OSError):
+            for record in reversed(read_record_file(path, '"final"')):
+                if record.get("event") == "final":
+                    return {"accuracy": record.get("accuracy"), "chosen": record.get("chosen") or []}
+        return {}
 
     async def finish(self) -> dict[str, Any]:
-        """Stop the node if it still runs (it leaves the mesh) and return what its run returned, with cut_short
-        true if it was still running."""
-        if self.task is None:  # never begun here (restarted and not yet begun again): nothing ran, nothing to send
-            return {"files": {}, "error": "its process was restarted by Ray and had not begun again",
-                    "cut_short": True}
-        self.cut_short = self.cut_short or not self.task.done()
+        """Stop the node if it still runs (it leaves the mesh; it is not begun again after this) and return what its
+        run returned, with cut_short true if it was still running, and its final accuracy and chosen peers."""
+        self.finishing = True
+        if self.task is None:  # not begun here (its process restarted): what the old one wrote comes back all the same
+            out, shared = self.folder()
+            return {"files": self.gathered(out, shared), "cut_short": True, "final": {},
+                    "error": "its process was restarted by Ray and had not begun again"}
+        cut_short = not self.task.done()
         self.stopping.set()
         try:
             result = dict(await self.task)
         except (Exception, asyncio.CancelledError) as exc:  # told, not raised: the other nodes still stop
             result = {"files": {}, "error": why_failed(exc)}
-        return {**result, "cut_short": self.cut_short}
+        return {**result, "cut_short": cut_short, "final": self.final()}
 
-
-def final_record(path: Path) -> dict[str, Any]:
-    """The last final record in a node's records file ({} if none: not finished, or not readable here)."""
-    found: dict[str, Any] = {}
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            if '"final"' in line:
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    if isinstance(record, dict) and record.get("event") == "final":
-                        found = record
-    return found
+    async def placement(self) -> dict[str, Any]:
+        """This node as deployed (name, machine, deploy folder): a deployment whose supervisor is gone is still
+        found, and stopped, by its nodes."""
+        return {"name": self.spec["names"][0], "host": self.spec["host"], "out": self.spec["out"]}
 
 
 def check_deploy(recipe_path: Path, placements: list[Placement], method: str | None, config: RayConfig) -> str:
@@ -184,7 +186,7 @@ def node_spec(p: Placement, recipe_path: Path, method: str, out: Path, token: st
     """What OwnNode needs to run placement p's node (it waits for the deployment's other nodes before round 0)."""
     return {"names": [p.name], "data": p.data, "recipe_text": recipe_path.read_text(), "method": method,
             "out": str(out.resolve()), "token": token, "ticket": ticket, "mesh": mesh, "insecure": insecure,
-            "wait_for": nodes - 1, "loopback": loopback, "log": f"{p.name}.log"}
+            "host": p.host, "wait_for": nodes - 1, "loopback": loopback, "log": f"{p.name}.log"}
 
 
 async def await_placed(ray: Any, actors: dict[str, Any], placements: list[Placement], config: RayConfig) -> None:

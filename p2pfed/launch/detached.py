@@ -20,10 +20,12 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from p2pfed.config import ConfigError, NodeConfig
 from p2pfed.launch.deploy import OwnNode, Placement, await_placed, cluster_of, node_spec
@@ -61,73 +63,104 @@ def node_name(deployment: str, node: str) -> str:
     return f"{deployment}/node/{node}"
 
 
-def check_name(name: str) -> str:
-    """A deployment's name: what a node's name may be (letters, digits, '-', '_', '.')."""
+def check_name(name: str, given: str = "--name") -> str:
+    """A deployment's name (given by the option or argument given): what a node's name may be."""
     if not is_name(name):
-        raise ConfigError(f"--name {clip(name, 40)}: a deployment's name is up to 64 letters, digits, '-', '_' or '.'")
+        raise ConfigError(f"{given} {clip(name, 40)!r}: a deployment's name is up to 64 letters, digits, '-', '_' "
+                          "or '.'")
     return name
+
+
+async def ask(ref: Any, what: str, timeout: float = ASK_WAIT) -> Any:
+    """The answer to an actor call, or a one-line ConfigError saying that what did not answer, and why."""
+    try:
+        return await asyncio.wait_for(ref, timeout)
+    except TimeoutError:
+        raise ConfigError(f"{what} did not answer within {timeout:.0f} s") from None
+    except Exception as exc:  # Ray's errors carry the actor's traceback: one line of it
+        raise ConfigError(f"{what} failed: {why_failed(exc)}") from None
 
 
 class Supervisor:
     """A detached deployment's bootstrap, and the keeper of its nodes: a Ray actor on the machine `p2pfed deploy`
-    ran on, using no CPU Ray counts."""
+    ran on, using no CPU Ray counts. It logs to supervisor.log in the deploy folder."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.boot: Endpoint | None = None
         self.watching: asyncio.Task[None] | None = None
+        self.starting = asyncio.Lock()
         self.seen: set[str] = set()  # nodes whose actor Ray has named
         self.lost: dict[str, str] = {}  # node -> why Ray cannot run it any more (its process died past its restarts)
         self.trouble: dict[str, str] = {}  # node -> why its last ask went unanswered (a process restarting)
+        self.private = Path(tempfile.gettempdir()) / f"p2pfed-ray-{spec['token']}" / SUPERVISOR
 
     async def start(self) -> str:
         """Start the bootstrap and the watch over the nodes unless they run (a restarted supervisor is started again
-        by the next status or stop); return the bootstrap's ticket."""
-        if self.boot is None:
-            from p2pfed.methods import load_checked
+        by the next status or stop, its bootstrap on the port it had: the nodes' tickets name it); return the
+        bootstrap's ticket."""
+        async with self.starting:
+            if self.boot is None:
+                self.boot = await self._bootstrap()
+            if self.watching is None or self.watching.done():
+                self.watching = asyncio.ensure_future(self.watch())
+            return self.boot.ticket
 
-            spec = self.spec
-            private = Path(tempfile.gettempdir()) / f"p2pfed-ray-{spec['token']}"
-            private.mkdir(mode=0o700, exist_ok=True)
-            recipe = private / "recipe.toml"
-            recipe.write_text(spec["recipe_text"])
-            host = LOOPBACK if spec["loopback"] else require_ray().util.get_node_ip_address()
-            cfg = NodeConfig(name="bootstrap", bind=f"tcp://{host}:{spec['port']}")
-            use_scenario_mesh(cfg, load_checked(recipe))
-            cfg.mesh.mesh, cfg.mesh.insecure = spec["mesh"], spec["insecure"]
-            boot = make_endpoint(cfg, "bootstrap")
-            await boot.start(cfg.bind)
-            self.boot = boot
-        if self.watching is None or self.watching.done():
-            self.watching = asyncio.ensure_future(self.watch())
-        return self.boot.ticket
+    async def _bootstrap(self) -> Endpoint:
+        from p2pfed.methods import load_checked
+
+        spec = self.spec
+        self.private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        out = Path(spec["out"])
+        with contextlib.suppress(OSError):
+            if (out / TOKEN).read_text() == spec["token"]:  # the deploy folder is seen here: the log goes there
+                handler = logging.FileHandler(out / "supervisor.log")
+                handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+                logging.getLogger().addHandler(handler)
+                logging.getLogger().setLevel(logging.INFO)
+        recipe = self.private / "recipe.toml"
+        recipe.write_text(spec["recipe_text"])
+        port_file = self.private / "bootstrap.port"
+        port = int(port_file.read_text()) if port_file.exists() else spec["port"]
+        host = LOOPBACK if spec["loopback"] else require_ray().util.get_node_ip_address()
+        cfg = NodeConfig(name="bootstrap", bind=f"tcp://{host}:{port}")
+        use_scenario_mesh(cfg, load_checked(recipe))
+        cfg.mesh.mesh, cfg.mesh.insecure = spec["mesh"], spec["insecure"]
+        boot = make_endpoint(cfg, "bootstrap")
+        await boot.start(cfg.bind)
+        port_file.write_text(str(urlparse(boot.ticket).port))
+        log.info("deployment %s: bootstrap %s", spec["name"], boot.ticket)
+        return boot
 
     async def watch(self) -> None:
         """Every WATCH_EVERY seconds, ask each node to run (OwnNode.start: a no-op for a node running or ended, a new
-        beginning for one whose process Ray restarted). A node whose actor Ray no longer knows, once seen, is lost:
-        its process died past its restarts."""
-        ray = require_ray()
+        beginning for one whose process Ray restarted), all at once. A node whose actor Ray no longer knows, once
+        seen, is lost: its process died past its restarts. Nothing ends the watch but close."""
         while True:
-            for node in self.spec["nodes"]:
-                name = node["name"]
-                if name in self.lost:
-                    continue
-                try:
-                    actor = ray.get_actor(node_name(self.spec["name"], name), namespace=NAMESPACE)
-                except ValueError:  # not created yet, or gone
-                    if name in self.seen:
-                        self.lost[name] = (f"its process died and Ray restarted it no more (--restarts "
-                                           f"{self.spec['restarts']})")
-                    continue
-                self.seen.add(name)
-                try:
-                    if await asyncio.wait_for(actor.start.remote(), ASK_WAIT):
-                        log.info("%s began (again)", name)
-                    self.trouble.pop(name, None)
-                except Exception as exc:  # restarting, or dying: asked again next time
-                    self.trouble[name] = why_failed(exc) if not isinstance(exc, TimeoutError) else \
-                        f"no answer within {ASK_WAIT:.0f} s"
+            await asyncio.gather(*(self._keep(node["name"]) for node in self.spec["nodes"] if node["name"]
+                                   not in self.lost))
             await asyncio.sleep(WATCH_EVERY)
+
+    async def _keep(self, name: str) -> None:
+        ray = require_ray()
+        try:
+            try:
+                actor = ray.get_actor(node_name(self.spec["name"], name), namespace=NAMESPACE)
+            except ValueError:  # not created yet, or gone
+                if name in self.seen:
+                    self.lost[name] = ("its process died and Ray restarted it no more (--restarts "
+                                       f"{self.spec['restarts']})")
+                    log.warning("%s: %s", name, self.lost[name])
+                return
+            self.seen.add(name)
+            if await asyncio.wait_for(actor.start.remote(), ASK_WAIT):
+                log.info("%s began again (its process was restarted)", name)
+            self.trouble.pop(name, None)
+        except TimeoutError:
+            self.trouble[name] = f"no answer within {ASK_WAIT:.0f} s"
+        except Exception as exc:  # restarting, dying, or Ray's control store out of reach: asked again next time
+            self.trouble[name] = why_failed(exc)
+            log.info("%s: %s", name, self.trouble[name])
 
     async def describe(self) -> dict[str, Any]:
         """The deployment as it was deployed (spec, less the recipe's text) and each node's round as the bootstrap
@@ -140,15 +173,22 @@ class Supervisor:
                 "trouble": dict(self.trouble), "ticket": self.boot.ticket if self.boot is not None else ""}
 
     async def close(self) -> None:
-        """Stop watching, stop the bootstrap, and take the token out of the deploy folder where it is seen here."""
+        """Stop watching (no node is begun again), stop the bootstrap, and remove this supervisor's private files
+        (stop takes the token out of the deploy folder once the nodes have ended: they read where to write by it)."""
         if self.watching is not None:
             self.watching.cancel()
+            self.watching = None
         if self.boot is not None:
             await self.boot.stop()
         with contextlib.suppress(OSError):
-            token = Path(self.spec["out"]) / TOKEN
-            if token.read_text() == self.spec["token"]:
-                token.unlink()
+            shutil.rmtree(self.private)
+
+
+def remove_token(out: Path, token: str) -> None:
+    """Take a deployment's token out of its deploy folder, if it is there and still the deployment's."""
+    with contextlib.suppress(OSError):
+        if (out / TOKEN).read_text() == token:
+            (out / TOKEN).unlink()
 
 
 async def deploy_detached(recipe_path: Path, placements: list[Placement], out: Path, *, name: str, method: str,
@@ -172,20 +212,15 @@ async def deploy_detached(recipe_path: Path, placements: list[Placement], out: P
     insecure = insecure or recipe.mesh.insecure
     spec = {"name": name, "out": str(out.resolve()), "token": token, "recipe_text": recipe_path.read_text(),
             "method": method, "mesh": mesh, "insecure": insecure, "loopback": host == LOOPBACK, "port": port,
-            "rounds": recipe.rounds, "restarts": config.restarts,
-            "created": time.time(), "nodes": [{"name": p.name, "host": p.host, "data": p.data} for p in placements]}
-    here = cluster[ray.util.get_node_ip_address()]
+            "rounds": recipe.rounds, "restarts": config.restarts, "created": time.time(),
+            "nodes": [{"name": p.name, "host": p.host} for p in placements]}
+    here = ray.get_runtime_context().get_node_id()  # this machine, however many addresses it has
+    actors: dict[str, Any] = {}
     try:
-        supervisor = ray.remote(Supervisor).options(
+        actors[""] = ray.remote(Supervisor).options(
             name=supervisor_name(name), namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=-1,
             max_concurrency=8, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(spec)
-    except ValueError:
-        with contextlib.suppress(OSError):
-            (out / TOKEN).unlink()
-        raise ConfigError(taken(name)) from None
-    actors: dict[str, Any] = {"": supervisor}
-    try:
-        ticket = await asyncio.wait_for(supervisor.start.remote(), PLACE_WAIT)
+        ticket = await ask(actors[""].start.remote(), f"the supervisor of deployment {name}", PLACE_WAIT)
         nodes: dict[str, Any] = {}
         for p in placements:
             options = {**actor_options(config, NodeAffinitySchedulingStrategy(cluster[p.host], soft=False)),
@@ -195,13 +230,15 @@ async def deploy_detached(recipe_path: Path, placements: list[Placement], out: P
                 node_spec(p, recipe_path, method, out, token, ticket, mesh, insecure, len(placements),
                           host == LOOPBACK))
         await await_placed(ray, nodes, placements, config)
-        await asyncio.gather(*(actor.start.remote() for actor in nodes.values()))
-    except BaseException:  # nothing half-deployed is left behind
+        for node, actor in nodes.items():
+            await ask(actor.start.remote(), f"node {node}")
+    except BaseException as exc:  # nothing half-deployed is left behind
         for actor in actors.values():
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-        with contextlib.suppress(OSError):
-            (out / TOKEN).unlink()
+        remove_token(out, token)
+        if isinstance(exc, ValueError) and not actors:  # Ray's word that the name was taken meanwhile
+            raise ConfigError(taken(name)) from None
         raise
     return str(ticket)
 
@@ -212,69 +249,101 @@ def taken(name: str) -> str:
             f"{name}) or give this one another --name")
 
 
+def _named() -> list[str]:
+    """The names of the actors of every deployment on the connected cluster."""
+    named = require_ray().util.list_named_actors(all_namespaces=True)
+    return [a["name"] for a in named if a.get("namespace") == NAMESPACE]
+
+
 def deployments() -> list[str]:
-    """The names of the deployments on the connected cluster."""
-    ray = require_ray()
-    named = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"].removesuffix("/" + SUPERVISOR) for a in named
-                  if a.get("namespace") == NAMESPACE and a["name"].endswith("/" + SUPERVISOR))
+    """The names of the deployments on the connected cluster: those with a supervisor, and those whose supervisor
+    is gone but whose nodes run on."""
+    found = set()
+    for actor in _named():
+        parts = actor.split("/")
+        if parts[1:] == [SUPERVISOR] or (len(parts) == 3 and parts[1] == "node"):
+            found.add(parts[0])
+    return sorted(found)
 
 
-def supervisor_of(name: str) -> Any:
-    """The supervisor of deployment name; ConfigError naming the cluster's deployments if there is none."""
+def _nodes_of(name: str) -> dict[str, Any]:
+    """The node actors of deployment name that Ray knows, by node."""
     ray = require_ray()
-    try:
-        return ray.get_actor(supervisor_name(check_name(name)), namespace=NAMESPACE)
-    except ValueError:
+    prefix = node_name(name, "")
+    actors = {}
+    for actor in _named():
+        if actor.startswith(prefix):
+            with contextlib.suppress(ValueError):  # gone meanwhile
+                actors[actor.removeprefix(prefix)] = ray.get_actor(actor, namespace=NAMESPACE)
+    return actors
+
+
+async def _described(name: str) -> tuple[Any, dict[str, Any]]:
+    """Deployment name's supervisor (None if it is gone or does not answer) and the deployment as it describes
+    it, or, without it, as its nodes do (their machines and deploy folder: no rounds, no ticket). ConfigError
+    naming the cluster's deployments if there is no such deployment."""
+    ray = require_ray()
+    supervisor = None
+    with contextlib.suppress(ValueError):
+        supervisor = ray.get_actor(supervisor_name(check_name(name, "deployment")), namespace=NAMESPACE)
+    if supervisor is not None:
+        try:
+            await ask(supervisor.start.remote(), f"the supervisor of deployment {name}")  # one Ray restarted begins
+            return supervisor, await ask(supervisor.describe.remote(), f"the supervisor of deployment {name}")
+        except ConfigError as exc:
+            log.warning("%s; asking its nodes instead", exc)
+    nodes = _nodes_of(name)
+    if not nodes:
         known = deployments()
         raise ConfigError(f"no deployment named {name} on this Ray cluster ("
-                          + (f"its deployments: {', '.join(known)}" if known else "it has none") + ")") from None
+                          + (f"its deployments: {', '.join(known)}" if known else "it has none") + ")")
+    placed = {node: await ask(actor.placement.remote(), f"node {node}") for node, actor in sorted(nodes.items())}
+    log.warning("deployment %s has no supervisor that answers: its nodes say where they are; none is begun again "
+                "if its process dies", name)
+    return supervisor, {"name": name, "nodes": [{"name": n, "host": p["host"]} for n, p in placed.items()],
+                        "out": next(iter(placed.values()))["out"], "method": "?", "rounds": "?", "ticket": "",
+                        "node_rounds": {}, "heard": {}, "lost": {}, "trouble": {}, "token": ""}
 
 
 async def status(name: str) -> dict[str, Any]:
     """Deployment name as its supervisor describes it, with each node's own state (OwnNode.state; "gone" for a
-    node Ray runs no more)."""
+    node Ray runs no more, "restarting" for one whose process Ray is starting again)."""
     ray = require_ray()
-    supervisor = supervisor_of(name)
-    await asyncio.wait_for(supervisor.start.remote(), ASK_WAIT)  # a supervisor Ray restarted begins again
-    described = await asyncio.wait_for(supervisor.describe.remote(), ASK_WAIT)
-    states: dict[str, dict[str, Any]] = {}
-    for node in described["nodes"]:
-        node_ = node["name"]
-        if node_ in described["lost"]:
-            states[node_] = {"state": "gone", "why": described["lost"][node_]}
-            continue
+    _, described = await _described(name)
+    nodes = _nodes_of(name)
+
+    async def state(node: str) -> dict[str, Any]:
+        if node in described["lost"]:
+            return {"state": "gone", "why": described["lost"][node]}
+        if node not in nodes:
+            return {"state": "gone", "why": "Ray runs no such actor"}
         try:
-            actor = ray.get_actor(node_name(name, node_), namespace=NAMESPACE)
-            states[node_] = await asyncio.wait_for(actor.state.remote(), ASK_WAIT)
-        except ValueError:
-            states[node_] = {"state": "gone", "why": "Ray runs no such actor"}
+            return dict(await asyncio.wait_for(nodes[node].state.remote(), ASK_WAIT))
         except TimeoutError:
-            states[node_] = {"state": "not answering", "why": f"no answer within {ASK_WAIT:.0f} s (restarting?)"}
+            return {"state": "not answering", "why": f"no answer within {ASK_WAIT:.0f} s"}
+        except ray.exceptions.ActorUnavailableError:
+            return {"state": "restarting", "why": "Ray is starting its process again"}
         except Exception as exc:  # its process died past its restarts
-            states[node_] = {"state": "gone", "why": why_failed(exc)}
-    return {**described, "states": states}
+            return {"state": "gone", "why": why_failed(exc)}
+
+    names = [n["name"] for n in described["nodes"]]
+    states = await asyncio.gather(*(state(node) for node in names))
+    return {**described, "states": dict(zip(names, states, strict=True))}
 
 
-async def stop(name: str, out: Path | None = None) -> tuple[dict[str, Any], dict[str, str]]:
-    """Stop deployment name: every node that still runs leaves the mesh, the records of those that could not write
-    to the deploy folder are written there (or to out), then every actor ends. Return the deployment as described
-    and each node that did not finish with why."""
+async def stop(name: str, out: Path | None = None) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """Stop deployment name: the supervisor first (no node is begun again), then every node that still runs leaves
+    the mesh, the records of those that could not write to the deploy folder are written there (or to out), and
+    every actor ends. Return the deployment as described, each node that did not finish with why, and each node's
+    final accuracy and chosen peers (those that finished)."""
     ray = require_ray()
-    supervisor = supervisor_of(name)
-    with contextlib.suppress(Exception):  # a supervisor that cannot answer is stopped all the same
-        await asyncio.wait_for(supervisor.start.remote(), ASK_WAIT)
-    described = await asyncio.wait_for(supervisor.describe.remote(), ASK_WAIT)
+    supervisor, described = await _described(name)
     folder = out or Path(described["out"])
     folder.mkdir(parents=True, exist_ok=True)
-    failed: dict[str, str] = {}
-    actors: dict[str, Any] = {}
-    for node in described["nodes"]:
-        with contextlib.suppress(ValueError):
-            actors[node["name"]] = ray.get_actor(node_name(name, node["name"]), namespace=NAMESPACE)
-    for node in described["nodes"]:
-        if node["name"] not in actors:
-            failed[node["name"]] = described["lost"].get(node["name"], "Ray runs no such actor")
+    nodes = _nodes_of(name)
+    failed = {n["name"]: described["lost"].get(n["name"], "Ray runs no such actor")
+              for n in described["nodes"] if n["name"] not in nodes}
+    finals: dict[str, Any] = {}
 
     async def finish(node: str, actor: Any) -> None:
         try:
@@ -288,13 +357,18 @@ async def stop(name: str, out: Path | None = None) -> tuple[dict[str, Any], dict
         error = write_back(result, folder)
         if error or result.get("cut_short"):
             failed[node] = error or "stopped before the end (p2pfed deployment stop)"
+        elif result.get("final"):
+            finals[node] = result["final"]
 
     try:
-        await asyncio.gather(*(finish(node, actor) for node, actor in actors.items()))
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(supervisor.close.remote(), ASK_WAIT)
+        if supervisor is not None:
+            with contextlib.suppress(Exception):  # one that cannot close is ended below all the same
+                await asyncio.wait_for(supervisor.close.remote(), ASK_WAIT)
+        await asyncio.gather(*(finish(node, actor) for node, actor in nodes.items()))
     finally:
-        for actor in [*actors.values(), supervisor]:
+        for actor in [*nodes.values(), *([supervisor] if supervisor is not None else [])]:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-    return described, failed
+        if described["token"]:
+            remove_token(Path(described["out"]), described["token"])
+    return described, failed, finals

@@ -181,6 +181,7 @@ class Placed:
         self.spec = spec
         self.stopping = asyncio.Event()  # made here: a stop may come before run has begun
         self.handler: logging.Handler | None = None
+        self.where: tuple[Path, bool] | None = None  # folder()
 
     def private(self) -> Path:
         """A folder of this machine that is this actor's alone (its first member's name, under the run's token),
@@ -193,12 +194,15 @@ class Placed:
 
     def folder(self) -> tuple[Path, bool]:
         """Where this process writes its members' records and checkpoints, and whether it is the driver's run
-        folder: it is when the token the driver wrote there reads the same here, else the private folder."""
-        out = Path(self.spec["out"])
-        with contextlib.suppress(OSError):
-            if (out / TOKEN).read_text() == self.spec["token"]:
-                return out, True
-        return self.private(), False
+        folder: it is when the token the driver wrote there reads the same here, else the private folder. Decided
+        once a process (the token is taken away once the run ends)."""
+        if self.where is None:
+            out = Path(self.spec["out"])
+            self.where = self.private(), False
+            with contextlib.suppress(OSError):
+                if (out / TOKEN).read_text() == self.spec["token"]:
+                    self.where = out, True
+        return self.where
 
     def begin(self, out: Path, shared: bool) -> str:
         """Log to the actor's file in out, say where it runs; return the host its members listen on."""
@@ -238,9 +242,12 @@ class Placed:
             if self.handler is not None:
                 logging.getLogger().removeHandler(self.handler)
                 self.handler.close()
+        return {"files": self.gathered(out, shared), "error": error}
+
+    def gathered(self, out: Path, shared: bool) -> dict[str, bytes]:
+        """The files the driver cannot see (none where it sees out): its members' records and this actor's log."""
         keep = {f"{name}.jsonl" for name in self.spec["names"]} | {self.spec["log"]}
-        files = {} if shared else {name: (out / name).read_bytes() for name in keep if (out / name).is_file()}
-        return {"files": files, "error": error}
+        return {} if shared else {name: (out / name).read_bytes() for name in keep if (out / name).is_file()}
 
     async def stop(self) -> None:
         """Stop the members (they leave the mesh); run returns."""

@@ -37,14 +37,18 @@ def record_files(method_dir: Path) -> list[Path]:
 def read_records(method_dir: Path, containing: str = "") -> list[dict[str, Any]]:
     """Every JSONL record of a method's nodes (a torn last line of a crashed node is skipped); with containing,
     only the lines that hold that text are parsed (e.g. '"final"': the rest of a large run's lines are skipped)."""
+    return [record for path in record_files(method_dir) for record in read_record_file(path, containing)]
+
+
+def read_record_file(path: Path, containing: str = "") -> list[dict[str, Any]]:
+    """The JSONL records of one node's file (gzipped or not), as read_records reads each."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     records = []
-    for path in record_files(method_dir):
-        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-        for line in text.splitlines():
-            if containing not in line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in text.splitlines():
+        if containing not in line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return records

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -58,9 +59,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             os.environ.pop("P2PFED_HOME")
         else:
             os.environ["P2PFED_HOME"] = before
-    made.home = home
     try:
-        yield made
+        yield SimpleNamespace(address=made.address, home=home)
     finally:
         made.shutdown()
 
@@ -94,9 +94,10 @@ def test_a_detached_deployment_outlives_its_command_survives_a_killed_node_and_i
     assert done.returncode == 0, done.stderr
     assert "deployment m1: 3 nodes running on the Ray cluster, detached from this command" in done.stdout
     assert f"stop it: p2pfed deployment stop m1 --address {cluster.address}" in done.stdout
-    again, _ = deploy(cluster, tmp_path, "m1", rounds=8)  # the name is the deployment's
+    token = (out / TOKEN).read_text()
+    again, _ = deploy(cluster, tmp_path, "m1", rounds=8)  # the name is the deployment's, its folder left alone
     assert again.returncode == 2 and "a deployment named m1 runs on this Ray cluster already" in again.stderr
-    assert (out / TOKEN).exists()
+    assert (out / TOKEN).read_text() == token
 
     # the command has ended; the nodes learn on. One's process is killed: Ray restarts it, the supervisor begins
     # the node again, and it resumes from its checkpoint
@@ -126,6 +127,7 @@ def test_a_detached_deployment_outlives_its_command_survives_a_killed_node_and_i
         assert re.search(rf"^{m} +on localhost +accuracy \d+\.\d\d %, chose", stopped.stdout, re.MULTILINE), \
             stopped.stdout
     assert not (out / TOKEN).exists()
+    assert "began again (its process was restarted)" in (out / "supervisor.log").read_text()
     assert "no deployments on this Ray cluster" in p2pfed(cluster, "deployment", "status").stdout
     gone = p2pfed(cluster, "deployment", "stop", "m1")
     assert gone.returncode == 2 and "no deployment named m1 on this Ray cluster (it has none)" in gone.stderr
@@ -133,14 +135,24 @@ def test_a_detached_deployment_outlives_its_command_survives_a_killed_node_and_i
 
 @pytest.mark.ray
 @pytest.mark.timeout(600)
-def test_stopping_a_detached_deployment_mid_run_names_each_node_cut_short(cluster: Any, tmp_path: Path) -> None:
+def test_a_deployment_whose_supervisor_is_gone_is_still_stopped_mid_run_naming_each_node_cut_short(
+        cluster: Any, tmp_path: Path) -> None:
     done, out = deploy(cluster, tmp_path, "m2", rounds=400)
     assert done.returncode == 0, done.stderr
     wait_for(lambda: (out / "b.jsonl").exists() and '"round": 1' in (out / "b.jsonl").read_text(), 240,
              "node b's round 1")
+    kill = (f"import ray; ray.init(address={cluster.address!r}, logging_level='ERROR'); "
+            "ray.kill(ray.get_actor('m2/supervisor', namespace='p2pfed'), no_restart=True)")
+    subprocess.run([sys.executable, "-c", kill], check=True, timeout=120, capture_output=True)
+    listed = p2pfed(cluster, "deployment", "status")
+    assert listed.stdout.split() == ["m2"], listed.stderr  # found by its nodes
+    status = p2pfed(cluster, "deployment", "status", "m2")
+    assert status.returncode == 0 and "has no supervisor that answers" in status.stderr, status.stderr
+    assert re.search(r"^a +localhost +- +- +running", status.stdout, re.MULTILINE), status.stdout
     stopped = p2pfed(cluster, "deployment", "stop", "m2")
     assert stopped.returncode == 1, stopped.stderr
     for m in "abc":  # each node named, none lost without a word, each left the mesh (its final record: none)
-        assert f"p2pfed: {m} did not finish: stopped before the end (p2pfed deployment stop)" in stopped.stderr
+        assert f"p2pfed: {m} did not finish: stopped before the end (p2pfed deployment stop)" in stopped.stderr, \
+            stopped.stderr
         assert '"final"' not in (out / f"{m}.jsonl").read_text()
     assert "no deployments on this Ray cluster" in p2pfed(cluster, "deployment", "status").stdout

@@ -325,6 +325,24 @@ def test_sigterm_stops_a_run_on_ray_and_the_cluster_it_started(scenario_file: Pa
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(400)
+def test_a_run_on_ray_killed_by_sigkill_leaves_no_process_behind(scenario_file: Path, tmp_path: Path) -> None:
+    # SIGKILL gives the driver no word: Ray's own processes die with it (the kernel's parent-death signal), its
+    # actors soon after, and its two agents once they find their raylet gone (63 s, measured)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "p2pfed", "run", str(scenario_file), "--out", str(run), "-q",
+                             "--engine", "ray", "--set", "scenario.rounds=400"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    records = run / "oracle-p2p" / "n00.jsonl"
+    wait_for(lambda: records.exists() and '"round": 2' in records.read_text(), 180, "round 2")
+    below = descendants(proc.pid)
+    assert len(below) >= 4  # Ray's control store, raylet and agents, and the two worker processes
+    proc.kill()
+    proc.wait(30)
+    wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in below), 180, "every process the run started to end")
+
+
+@pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_sigterm_stops_a_deployment_and_names_each_node_cut_short(tmp_path: Path) -> None:
     # the own-data example's three nodes on a cluster of this machine (localhost), stopped mid-run
