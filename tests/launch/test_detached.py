@@ -40,6 +40,16 @@ def test_detach_needs_a_cluster_that_outlives_the_command(tmp_path: Path, capsys
     assert "give its --address (HEAD:6379) or set RAY_ADDRESS" in capsys.readouterr().err
 
 
+def test_deployments_are_told_apart_from_their_nodes_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from p2pfed.launch import detached
+
+    named = ["digits/supervisor", "digits/node/a", "digits/node/supervisor", "orphan/node/b", "other/thing"]
+    monkeypatch.setattr(detached, "_named", lambda: named)
+    # a node named "supervisor" is no deployment; one whose supervisor is gone is found by its nodes
+    assert detached.deployments() == ["digits", "orphan"]
+    assert detached.node_name("digits", "a") in named and detached.supervisor_name("digits") in named
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A Ray cluster of this machine that outlives each command, as `ray start --head` makes; its processes keep
