@@ -228,9 +228,13 @@ def cmd_deployment(args: argparse.Namespace) -> int:
             print("\n".join(names) if names else "no deployments on this Ray cluster")
             return 0
         described = asyncio.run(detached.status(args.name))
-    print(f"deployment {args.name}: {described['method']} on {len(described['nodes'])} nodes, "
-          f"{described['rounds']} rounds; "
-          f"bootstrap {described['ticket'] or 'not running'}; records and logs: {described['out']}")
+    if described["method"]:
+        print(f"deployment {args.name}: {described['method']} on {len(described['nodes'])} nodes, "
+              f"{described['rounds']} rounds; bootstrap {described['ticket'] or 'not running'}; records and logs: "
+              f"{described['out']}")
+    else:  # told by its nodes
+        print(f"deployment {args.name}: {len(described['nodes'])} nodes (no supervisor answers: method, rounds and "
+              f"bootstrap unknown); records and logs: {described['out'] or 'unknown'}")
     rows = []
     for node in described["nodes"]:
         state = described["states"][node["name"]]

@@ -144,9 +144,10 @@ class OwnNode(Placed):
         return {**result, "cut_short": cut_short, "final": self.final()}
 
     async def placement(self) -> dict[str, Any]:
-        """This node as deployed (name, machine, deploy folder): a deployment whose supervisor is gone is still
-        found, and stopped, by its nodes."""
-        return {"name": self.spec["names"][0], "host": self.spec["host"], "out": self.spec["out"]}
+        """This node as deployed (name, machine, deploy folder and its token): a deployment whose supervisor is gone
+        is still found, and stopped, by its nodes."""
+        return {"name": self.spec["names"][0], "host": self.spec["host"], "out": self.spec["out"],
+                "token": self.spec["token"]}
 
 
 def check_deploy(recipe_path: Path, placements: list[Placement], method: str | None, config: RayConfig) -> str:

@@ -91,9 +91,11 @@ class Supervisor:
         self.watching: asyncio.Task[None] | None = None
         self.starting = asyncio.Lock()
         self.seen: set[str] = set()  # nodes whose actor Ray has named
+        self.running: set[str] = set()  # nodes found begun by an ask
         self.lost: dict[str, str] = {}  # node -> why Ray cannot run it any more (its process died past its restarts)
         self.trouble: dict[str, str] = {}  # node -> why its last ask went unanswered (a process restarting)
-        self.private = Path(tempfile.gettempdir()) / f"p2pfed-ray-{spec['token']}" / SUPERVISOR
+        # beside the nodes' private folders, not among them (a node may be named "supervisor")
+        self.private = Path(tempfile.gettempdir()) / f"p2pfed-ray-{spec['token']}-{SUPERVISOR}"
 
     async def start(self) -> str:
         """Start the bootstrap and the watch over the nodes unless they run (a restarted supervisor is started again
@@ -110,7 +112,7 @@ class Supervisor:
         from p2pfed.methods import load_checked
 
         spec = self.spec
-        self.private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.private.mkdir(mode=0o700, exist_ok=True)
         out = Path(spec["out"])
         with contextlib.suppress(OSError):
             if (out / TOKEN).read_text() == spec["token"]:  # the deploy folder is seen here: the log goes there
@@ -153,7 +155,9 @@ class Supervisor:
                     log.warning("%s: %s", name, self.lost[name])
                 return
             self.seen.add(name)
-            if await asyncio.wait_for(actor.start.remote(), ASK_WAIT):
+            if not await asyncio.wait_for(actor.start.remote(), ASK_WAIT):
+                self.running.add(name)  # begun already (by the deploy, or by an earlier ask)
+            elif name in self.running:  # it ran, and now began anew: its process was restarted
                 log.info("%s began again (its process was restarted)", name)
             self.trouble.pop(name, None)
         except TimeoutError:
@@ -297,12 +301,17 @@ async def _described(name: str) -> tuple[Any, dict[str, Any]]:
         known = deployments()
         raise ConfigError(f"no deployment named {name} on this Ray cluster ("
                           + (f"its deployments: {', '.join(known)}" if known else "it has none") + ")")
-    placed = {node: await ask(actor.placement.remote(), f"node {node}") for node, actor in sorted(nodes.items())}
+    names = sorted(nodes)
+    answers = await asyncio.gather(*(ask(nodes[n].placement.remote(), f"node {n}") for n in names),
+                                   return_exceptions=True)
+    placed = {n: a for n, a in zip(names, answers, strict=True) if isinstance(a, dict)}
+    trouble = {n: str(a) for n, a in zip(names, answers, strict=True) if not isinstance(a, dict)}
     log.warning("deployment %s has no supervisor that answers: its nodes say where they are; none is begun again "
                 "if its process dies", name)
-    return supervisor, {"name": name, "nodes": [{"name": n, "host": p["host"]} for n, p in placed.items()],
-                        "out": next(iter(placed.values()))["out"], "method": "?", "rounds": "?", "ticket": "",
-                        "node_rounds": {}, "heard": {}, "lost": {}, "trouble": {}, "token": ""}
+    said = next(iter(placed.values()), {"out": "", "token": ""})
+    return supervisor, {"name": name, "nodes": [{"name": n, "host": placed.get(n, {}).get("host", "?")} for n in names],
+                        "out": said["out"], "token": said["token"], "method": "", "rounds": "", "ticket": "",
+                        "node_rounds": {}, "heard": {}, "lost": {}, "trouble": trouble}
 
 
 async def status(name: str) -> dict[str, Any]:
@@ -338,6 +347,8 @@ async def stop(name: str, out: Path | None = None) -> tuple[dict[str, Any], dict
     final accuracy and chosen peers (those that finished)."""
     ray = require_ray()
     supervisor, described = await _described(name)
+    if not out and not described["out"]:
+        raise ConfigError(f"no node of deployment {name} says where its deploy folder is: give --out")
     folder = out or Path(described["out"])
     folder.mkdir(parents=True, exist_ok=True)
     nodes = _nodes_of(name)

@@ -159,6 +159,7 @@ def test_a_deployment_whose_supervisor_is_gone_is_still_stopped_mid_run_naming_e
     status = p2pfed(cluster, "deployment", "status", "m2")
     assert status.returncode == 0 and "has no supervisor that answers" in status.stderr, status.stderr
     assert re.search(r"^a +localhost +- +- +running", status.stdout, re.MULTILINE), status.stdout
+    assert "deployment m2: 3 nodes (no supervisor answers: method, rounds and bootstrap unknown)" in status.stdout
     stopped = p2pfed(cluster, "deployment", "stop", "m2")
     assert stopped.returncode == 1, stopped.stderr
     for m in "abc":  # each node named, none lost without a word, each left the mesh (its final record: none)
