@@ -191,7 +191,8 @@ def _said_per_node(out: Path, nodes: list[tuple[str, str]], failed: dict[str, st
     from p2pfed.report.records import read_records
 
     if finals is None:
-        finals = {r["node"]: r for r in read_records(out) if r.get("event") == "final" and "node" in r}
+        finals = {r["node"]: r for r in read_records(out, containing='"final"')
+                  if r.get("event") == "final" and "node" in r}
     for name, host in nodes:
         final = finals.get(name)
         said = (f"accuracy {100 * final['accuracy']:.2f} %, chose {', '.join(final.get('chosen') or []) or 'no one'}"

@@ -306,16 +306,22 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-@pytest.mark.ray
-@pytest.mark.timeout(300)
-def test_sigterm_stops_a_run_on_ray_and_the_cluster_it_started(scenario_file: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
+def long_ray_run(scenario_file: Path, run: Path) -> tuple[subprocess.Popen[str], Path, set[int]]:
+    """A run of 400 rounds on a Ray cluster of this machine started for it, past its round 2: the process, its first
+    node's records file, and the processes it started (Ray's and its actors)."""
     proc = subprocess.Popen([sys.executable, "-m", "p2pfed", "run", str(scenario_file), "--out", str(run), "-q",
                              "--engine", "ray", "--set", "scenario.rounds=400"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     records = run / "oracle-p2p" / "n00.jsonl"
     wait_for(lambda: records.exists() and '"round": 2' in records.read_text(), 180, "round 2")
-    below = descendants(proc.pid)
+    return proc, records, descendants(proc.pid)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_sigterm_stops_a_run_on_ray_and_the_cluster_it_started(scenario_file: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc, records, below = long_ray_run(scenario_file, run)
     assert below  # Ray's processes and its actors, started by the run
     proc.send_signal(signal.SIGTERM)  # a service manager's stop, `kill`
     _, err = proc.communicate(timeout=120)
@@ -329,13 +335,7 @@ def test_sigterm_stops_a_run_on_ray_and_the_cluster_it_started(scenario_file: Pa
 def test_a_run_on_ray_killed_by_sigkill_leaves_no_process_behind(scenario_file: Path, tmp_path: Path) -> None:
     # SIGKILL gives the driver no word: Ray's own processes die with it (the kernel's parent-death signal), its
     # actors soon after, and its two agents once they find their raylet gone (63 s, measured)
-    run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "p2pfed", "run", str(scenario_file), "--out", str(run), "-q",
-                             "--engine", "ray", "--set", "scenario.rounds=400"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    records = run / "oracle-p2p" / "n00.jsonl"
-    wait_for(lambda: records.exists() and '"round": 2' in records.read_text(), 180, "round 2")
-    below = descendants(proc.pid)
+    proc, _, below = long_ray_run(scenario_file, tmp_path / "run")
     assert len(below) >= 4  # Ray's control store, raylet and agents, and the two worker processes
     proc.kill()
     proc.wait(30)
