@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import socket
 import sys
 import tempfile
 import warnings
@@ -79,6 +80,24 @@ def check_authenticated(config: RayConfig) -> None:
                 "reaches its ports can run code on its machines", config.address)
 
 
+HEAD_WAIT = 5.0  # seconds a cluster's head is given to accept a connection before the command says it is not there
+
+
+def head_answers(address: str, wait: float = HEAD_WAIT) -> None:
+    """A head that is not there is said in a line at once: Ray itself retries one for minutes (over 5 here, when a
+    test gave up on it), printing its own warnings. "auto" and what is not HOST:PORT (or ray://HOST:PORT) are left to Ray."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=wait).close()
+    except OSError as exc:
+        # the reason is this machine's own words (connection refused, timed out), not the network's
+        raise ConfigError(f"nothing answers at {clip(address, 80)} ({exc.strerror or exc or 'no answer'}): is the "
+                          "cluster's head started there (`ray start --head`), and is its port reachable "
+                          "from this machine?") from None
+
+
 @contextlib.contextmanager
 def ray_session(config: RayConfig, processes: int) -> Iterator[None]:
     """Connected to the Ray cluster at config.address (or RAY_ADDRESS's) for the run, or to a cluster of this
@@ -93,6 +112,7 @@ def ray_session(config: RayConfig, processes: int) -> Iterator[None]:
         return
     if address:
         check_authenticated(dataclasses.replace(config, address=address))
+        head_answers(address)
     options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                "logging_level": logging.WARNING}
     options["address"] = address or "local"  # "local": a new cluster, even where one runs already

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -139,6 +140,21 @@ def test_a_cluster_at_an_address_is_joined_only_with_ray_token_authentication(
     assert "runs without token authentication" in caplog.text
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     check_authenticated(RayConfig(address="10.0.0.1:6379"))
+
+
+def test_a_cluster_head_that_is_not_there_is_said_at_once(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # seen: `p2pfed deployment stop x --address HOST:PORT` with no head there sat for 40 s in Ray's retries, printing
+    # Ray's own warnings, before it said anything
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 32)
+    with socket.socket() as held:  # a port of its own, bound and not listening: nothing answers there
+        held.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        assert main(["deployment", "stop", "x", "--address", address]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"p2pfed: nothing answers at {address!r} (Connection refused): is the cluster's head started there "
+                    "(`ray start --head`), and is its port reachable from this machine?"]
 
 
 def test_a_run_on_ray_names_the_device_its_nodes_said_and_their_share_of_a_gpu() -> None:
