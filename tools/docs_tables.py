@@ -211,6 +211,10 @@ def ray_engine_table(figures: dict[str, Any]) -> str:
     each = {e: ", ".join(f"{100 * run['accuracy']:.2f}" for run in figures["runs"] if run["engine"] == e)
             for e in ("local", "ray")}
     rows.append(f"| mean accuracy %, each run | {each['local']} | {each['ray']} | |")
+    for key, what in (("ari", "ARI, each run"), ("finished", "nodes finished, each run")):
+        each = {e: ", ".join(f"{run[key]:.3f}" if isinstance(run[key], float) else str(run[key])
+                             for run in figures["runs"] if run["engine"] == e) for e in ("local", "ray")}
+        rows.append(f"| {what} | {each['local']} | {each['ray']} | |")
     return "\n".join(rows)
 
 
@@ -303,6 +307,7 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
     "lia-1-thread.json": lia_table,
     "lia-gpu.json": lia_gpu_table, "flower.json": flower_table, "ray-engine.json": ray_engine_table,
+    "ray-engine-1000.json": ray_engine_table,
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table}
 
