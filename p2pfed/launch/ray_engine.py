@@ -85,7 +85,8 @@ HEAD_WAIT = 5.0  # seconds a cluster's head is given to accept a connection befo
 
 def head_answers(address: str, wait: float = HEAD_WAIT) -> None:
     """A head that is not there is said in a line at once: Ray itself retries one for minutes (over 5 here, when a
-    test gave up on it), printing its own warnings. "auto" and what is not HOST:PORT (or ray://HOST:PORT) are left to Ray."""
+    test gave up on it), printing its own warnings. "auto" and what is not HOST:PORT (or ray://HOST:PORT) are left
+    to Ray."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         return
