@@ -1004,6 +1004,37 @@ async def test_the_members_of_one_process_share_its_open_files_and_its_least_rec
     await asyncio.gather(*busy)
 
 
+async def test_members_whose_own_files_fill_the_limit_still_leave_room_for_their_connections(
+        transports: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each member holds files of its own (its context's threads, its router, its monitor: about 9), which the
+    budget's fixed allowance for all else (FILES_KEPT) does not grow with. A worker of 250 members in a 1,000-node
+    run ran out of files that way in its last round ("Too many open files"): connections counted against the limit
+    alone. Here 120 members, a limit 400 files above what they hold, and requests that want 480 connections: every
+    request is delivered, and the process keeps FILES_SPARE files free, less the one connection it checks before."""
+    monkeypatch.setattr(transport_module, "allow_open_files", lambda needed=None: None)  # the test's limit stays
+    members = [transports(f"m{i}") for i in range(120)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = transport_module.open_files() + 400
+    most = 0
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        for step in range(4):
+            for i, member in enumerate(members):
+                peer = members[(i + 1 + 29 * step) % len(members)]
+                assert (await member.request(peer.address, model(member.name), timeout=5)).body["ok"]
+                most = max(most, transport_module.open_files())
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert most <= limit - transport_module.FILES_SPARE + transport_module.FILES_PER_CONNECTION
+
+
+def test_open_files_are_counted_alike_where_the_system_does_not_say_their_number_at_no_cost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    quick = transport_module.open_files()
+    monkeypatch.setattr(transport_module.os, "stat", lambda path: (_ for _ in ()).throw(OSError("not here")))
+    assert transport_module.open_files() == quick > 3
+
+
 async def test_an_unkeyed_members_messages_carry_no_key(transports: Make) -> None:
     sender, receiver, got = pair(transports)
     await sender.request(receiver.address, model(), timeout=5)
