@@ -25,9 +25,11 @@ import asyncio
 import contextlib
 import errno
 import logging
+import math
 import os
 import resource
 import socket
+import time
 import typing
 import weakref
 from collections import Counter, OrderedDict
@@ -116,21 +118,29 @@ PROBE_LANE = "probe "  # the prefix of the probe lane's key (no address holds a 
 # loop's members are capped together, from that limit (read when a connection opens: a run may raise it).
 FILES_PER_CONNECTION = 3  # a connection between two members of one process: the dealer's socket, both TCP ends
 FILES_KEPT = 1024  # left to all else: routers, monitors, contexts' threads, handshake watches, checkpoints, logs
-
-
-FILES_SPARE = 256  # files a loop keeps free under the limit, counted (see open_files): a new connection waits for them
+# The model above sees neither the members' own files (about 9 each: 250 members hold 2,250) nor the inbound ends of
+# other processes' connections: so the files are also counted before a connection opens. Within FILES_SPARE of the
+# limit idle connections are closed for it; a new one is refused only within FILES_FLOOR (a checkpoint, a log).
+FILES_SPARE = 256
+FILES_FLOOR = 64
+RECOUNT_S = 0.1  # where counting means listing the files, at most once in this many seconds (estimated between)
 
 
 def open_files() -> int:
-    """How many files this process holds open: counted, not modelled (a member's own files, the inbound ends of
-    other processes' connections, a checkpoint being written all count), or 0 where this system cannot tell."""
-    with contextlib.suppress(OSError):
-        held = os.stat("/proc/self/fd").st_size  # Linux 6.2 on says the count here, at no cost
-        if held > 0:
-            return held
+    """How many files this process holds open: counted, not modelled, or 0 where this system cannot tell."""
+    held = _open_files_at_no_cost()
+    if held:
+        return held
     for folder in ("/proc/self/fd", "/dev/fd"):  # a listing: ~1 ms per 1,000 files
         with contextlib.suppress(OSError):
             return len(os.listdir(folder)) - 1  # less the listing's own
+    return 0
+
+
+def _open_files_at_no_cost() -> int:
+    """The count Linux 6.2 on gives as the size of /proc/self/fd (0 where it does not)."""
+    with contextlib.suppress(OSError):
+        return os.stat("/proc/self/fd").st_size
     return 0
 
 
@@ -150,6 +160,8 @@ class _Connections:
 
     def __init__(self) -> None:
         self.lru: OrderedDict[tuple[int, str], weakref.ref[Transport]] = OrderedDict()
+        # the files the process held at the last listing, and when (where they cannot be counted at no cost)
+        self.files, self.files_at = 0, -math.inf
 
     def used(self, transport: Transport, key: str) -> None:
         entry = (id(transport), key)
@@ -159,6 +171,18 @@ class _Connections:
         else:  # new, or a transport gone whose id a new one has now
             self.lru.pop(entry, None)
             self.lru[entry] = weakref.ref(transport)
+            self.files += FILES_PER_CONNECTION
+
+    def open_files(self) -> int:
+        """The files the process holds: counted where that costs nothing, else listed at most every RECOUNT_S and
+        estimated in between (FILES_PER_CONNECTION more for each connection opened since)."""
+        held = _open_files_at_no_cost()
+        if held:
+            return held
+        now = time.monotonic()
+        if now - self.files_at >= RECOUNT_S:
+            self.files, self.files_at = open_files(), now
+        return self.files
 
     def closed(self, transport: Transport, key: str) -> None:
         self.lru.pop((id(transport), key), None)
@@ -170,7 +194,8 @@ class _Connections:
         under); raise DeliveryError when every connection is busy."""
         most = connection_budget()
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        short = soft != resource.RLIM_INFINITY and open_files() > soft - FILES_SPARE
+        held = self.open_files() if soft != resource.RLIM_INFINITY else 0
+        short = soft != resource.RLIM_INFINITY and held > soft - FILES_SPARE
         if len(self.lru) < most and not short:
             return
         stale, victims = [], []
@@ -188,8 +213,10 @@ class _Connections:
             owner.forget(key)
         if victims:
             return
-        if short:
-            raise DeliveryError(f"this process holds {open_files()} open files of its limit of {soft}, and every "
+        # (closing lags: libzmq's thread closes a socket's files a moment later, so a count just after still has
+        # them, and the next call may close two more: a few connections too many closed, never a file too many)
+        if short and held + FILES_PER_CONNECTION > soft - FILES_FLOOR:
+            raise DeliveryError(f"this process holds {held} open files of its limit of {soft}, and every "
                                 "connection is busy: raise the limit (ulimit -n) or spread the members over more "
                                 "worker processes")
         if len(self.lru) >= most:
