@@ -12,13 +12,20 @@ then (joins, heartbeats, probes, gossip: not models or notes, and not the bootst
 method's run, forming included. Each figure is also given as a ratio to the smallest finished N's, measured in
 the same sweep.
 
+With --against DIR (another checkout of p2pfed, e.g. `git worktree add DIR COMMIT`), each size runs twice, A B
+A B over --repeat pairs: first with DIR's p2pfed (PYTHONPATH), then with this checkout's; each row says which
+("code"), and the table gives this checkout's figures as ratios to DIR's of the same pair. Either way each row
+also counts, over the run's logs, how often a member took a peer for silent (suspect) and for dead, per node, and
+how many of those the peer refuted, heard again later: the false alarms (a peer that finished and left is rightly
+dead).
+
 The sweep writes its JSON after every run (a sweep cut short keeps what it measured). A run that fails, times
 out or leaves nodes unfinished is a row saying so, with what it measured; its log is kept under --work.
 
 Needs psutil (the `bench` extra: pip install -e ".[bench]").
 
 Run: python benchmarks/scale.py [--sizes 50,100,250,500,1000] [--rounds 12] [--timeout 7200] [--work DIR]
-         [--json benchmarks/results/scale.json] [--plot docs/scale.png]
+         [--json benchmarks/results/scale.json] [--plot docs/scale.png] [--against DIR [--repeat 2]]
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -48,23 +56,56 @@ PANELS = [("wall_s", "wall time (s)"), ("peak_mb", "peak memory, whole tree (MiB
           ("sockets_per_process", "open sockets, busiest process")]
 
 
-def one(n: int, rounds: int | None, work: Path, timeout: float) -> dict[str, Any]:
-    """Run the scenario at n nodes, watched; its figures, and why it failed if it did."""
-    out = work / f"n{n}"
+VERDICT = re.compile(r": (\S+): peer (\S+) (is silent \(suspect\)|is dead|is alive)")
+
+
+def verdicts(out: Path) -> dict[str, int]:
+    """How often members took a peer for silent (suspect) and for dead over the run's logs, and how many of those
+    the peer refuted by being heard again later (false alarms: a peer that finished and left is rightly dead)."""
+    counts = {"suspect": 0, "dead": 0, "refuted": 0}
+    for path in sorted(out.rglob("*.log")):
+        doubted: set[tuple[str, str]] = set()
+        with open(path, errors="replace") as lines:
+            for line in lines:
+                m = VERDICT.search(line)
+                if m is None:
+                    continue
+                pair = (m[1], m[2])
+                if m[3] == "is alive":
+                    if pair in doubted:
+                        counts["refuted"] += 1
+                        doubted.discard(pair)
+                    continue
+                counts["suspect" if "suspect" in m[3] else "dead"] += 1
+                doubted.add(pair)
+    return counts
+
+
+def one(n: int, rounds: int | None, work: Path, timeout: float, code: Path | None = None, tag: str = ""
+        ) -> dict[str, Any]:
+    """Run the scenario at n nodes, watched (with code's p2pfed where given); its figures, and why it failed if it
+    did."""
+    out = work / f"n{n}{tag}"
     sets = [f"scenario.nodes={n}", f"methods.{METHOD}.all_pairs_up_to=1",
             *([f"scenario.rounds={rounds}"] if rounds else [])]
     cmd = [sys.executable, "-m", "p2pfed", "run", str(SCENARIO), "--out", str(out), "-q"]
     for s in sets:
         cmd += ["--set", s]
-    log = work / f"n{n}.log"
-    run = watch_run(cmd, dict(os.environ), log, timeout, sockets=True)
+    log = work / f"n{n}{tag}.log"
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+    run = watch_run(cmd, env, log, timeout, sockets=True)
     lines = log.read_text(errors="replace").strip().splitlines()
     why = (f"not done within {timeout:.0f} s" if run.timed_out else
            f"exit {run.code}: {next((x for x in reversed(lines) if x.startswith('p2pfed: ')), 'no reason')[:300]}"
            if run.code else "")
     row: dict[str, Any] = {"nodes": n, "wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_mb": run.peak_mb,
                            "sockets_per_process": max(run.sockets.values(), default=0), "log": str(log),
-                           "processes": run.processes}
+                           "processes": run.processes, "code": str(code) if code is not None else "this"}
+    seen = verdicts(out)
+    row.update({"suspect_per_node": seen["suspect"] / n, "dead_per_node": seen["dead"] / n,
+                "refuted_per_node": seen["refuted"] / n})
     try:
         m = json.loads((out / "summary.json").read_text())["methods"][METHOD]
         finals = [r for r in read_records(out / METHOD) if r.get("event") == "final"]
@@ -129,6 +170,30 @@ def table(rows: list[dict[str, Any]]) -> str:
                                    "wall vs smallest finished"])
 
 
+AGAINST = [("wall_s", "wall s"), ("cpu_s", "CPU s"), ("peak_mb", "peak MiB"), ("suspect_per_node", "suspect / node"),
+           ("dead_per_node", "dead / node"), ("refuted_per_node", "refuted / node")]
+
+
+def pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The --against runs as (the other checkout's, this one's) pairs, in the order they ran."""
+    return [(a, b) for a, b in zip(rows[::2], rows[1::2], strict=False)
+            if a["code"] != "this" and b["code"] == "this" and a["nodes"] == b["nodes"]]
+
+
+def against_table(rows: list[dict[str, Any]]) -> str:
+    """Each pair: both runs' figures, and this checkout's as a ratio to the other's."""
+    body = []
+    for a, b in pairs(rows):
+        cells = []
+        for key, _ in AGAINST:
+            cells += [f"{a[key]:.1f}", f"{b[key]:.1f}", f"{b[key] / a[key]:.2f}" if a[key] else "–"]
+        both = [f"{r.get('finished', 0)}/{r['nodes']}, ARI {r['ari']:.3f}, {100 * r['accuracy']:.2f} %"
+                if "ari" in r and r["ari"] is not None else r.get("failed", "?")[:60] for r in (a, b)]
+        body.append([a["nodes"], *cells, *both])
+    return tabulate(body, headers=["nodes", *(f"{t} {w}" for _, t in AGAINST for w in ("before", "after", "ratio")),
+                                   "before", "after"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="50,100,250,500,1000",
@@ -138,7 +203,14 @@ def main() -> int:
     parser.add_argument("--work", type=Path, help="keep each run's folder and log here (default: a temporary one)")
     parser.add_argument("--json", type=Path, help="also write the figures here, after every run")
     parser.add_argument("--plot", type=Path, help="also draw each figure against N here (PNG)")
+    parser.add_argument("--against", type=Path, help="another checkout of p2pfed: each size runs with it, then "
+                        "with this one, A B A B")
+    parser.add_argument("--repeat", type=int, default=1, help="with --against: pairs of runs a size (default 1)")
     args = parser.parse_args()
+    if args.against is not None and not (args.against / "p2pfed" / "__init__.py").exists():
+        parser.error(f"--against takes a checkout of p2pfed (a folder holding p2pfed/__init__.py): {args.against}")
+    if not 1 <= args.repeat <= 10:
+        parser.error(f"--repeat takes 1..10 (got {args.repeat})")
     try:
         sizes = list(dict.fromkeys(int(x) for x in args.sizes.split(",")))
     except ValueError:
@@ -151,17 +223,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="p2pfed-scale-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        for n in sizes:
-            print(f"{n} nodes ...", file=sys.stderr, flush=True)
-            rows.append(one(n, args.rounds or None, work, args.timeout))
-            with_ratios(rows)
+        runs = [(n, None, "") for n in sizes] if args.against is None else [
+            (n, code, f"-{tag}{k}") for n in sizes for k in range(args.repeat)
+            for code, tag in ((args.against.resolve(), "against"), (None, "this"))]
+        for n, code, tag in runs:
+            print(f"{n} nodes{' with ' + str(code) if code else ''} ...", file=sys.stderr, flush=True)
+            rows.append(one(n, args.rounds or None, work, args.timeout, code, tag))
+            with_ratios([r for r in rows if r["code"] == "this"])
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "processes"}), file=sys.stderr, flush=True)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps({"scenario": str(SCENARIO.relative_to(ROOT)), "method": METHOD,
                                                  "rounds": args.rounds or "the scenario's", "machine": machine,
                                                  "rows": rows}, indent=1) + "\n")
-    print(table(rows))
+    print(table([r for r in rows if r["code"] == "this"]) if args.against is None else against_table(rows))
     if args.plot:
         plot(rows, args.plot)
     return 0 if all("failed" not in r for r in rows) else 1

@@ -303,12 +303,32 @@ def scale_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def scale_against_table(figures: dict[str, Any]) -> str:
+    """benchmarks/scale.py --against: each pair of runs (another checkout's, then this one's), a row a pair."""
+    rows = ["| N | run | wall s | CPU s | peak MiB | suspect / node | dead / node | refuted / node | nodes finished | "
+            "ARI | accuracy % |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    runs = figures["rows"]
+    for k, (a, b) in enumerate(zip(runs[::2], runs[1::2], strict=False), 1):
+        for r, what in ((a, f"pair {k}, before"), (b, f"pair {k}, after")):
+            ari = f"{r['ari']:.3f}" if r.get("ari") is not None else "–"
+            accuracy = f"{100 * r['accuracy']:.2f}" if "accuracy" in r else "–"
+            rows.append(f"| {r['nodes']} | {what} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['peak_mb']:.0f} | "
+                        f"{r['suspect_per_node']:.2f} | {r['dead_per_node']:.2f} | {r['refuted_per_node']:.2f} | "
+                        f"{r.get('finished', 0)}/{r['nodes']} | {ari} | {accuracy} |")
+        ratio = [f"{b[key] / a[key]:.2f}" if a[key] else "–"
+                 for key in ("wall_s", "cpu_s", "peak_mb", "suspect_per_node", "dead_per_node", "refuted_per_node")]
+        rows.append(f"| {a['nodes']} | pair {k}, after ÷ before | " + " | ".join(ratio) + " | | | |")
+    return "\n".join(rows)
+
+
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
     "lia-1-thread.json": lia_table,
     "lia-gpu.json": lia_gpu_table, "flower.json": flower_table, "ray-engine.json": ray_engine_table,
     "flower-before.json": flower_history_table,
-    "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table}
+    "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table,
+    "scale-kept-period.json": scale_against_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:

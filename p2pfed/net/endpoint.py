@@ -51,7 +51,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 from p2pfed.net import security
-from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change, Peer, PeerTable, Refused
+from p2pfed.net.membership import (
+    ALIVE,
+    DEAD,
+    JOINING,
+    LEFT,
+    MAX_PERIOD_RATIO,
+    SUSPECT,
+    Change,
+    Peer,
+    PeerTable,
+    Refused,
+)
 from p2pfed.net.throttle import LogLimiter, remember
 from p2pfed.net.transport import (
     PROBE_LANE,
@@ -68,6 +79,7 @@ from p2pfed.net.waits import first_of
 from p2pfed.wire import NO_REPLY, SCHEMAS, Message, TryLater, WireError
 from p2pfed.wire.messages import (
     LEARNING,
+    MAX_HEARTBEAT,
     MAX_NEWS,
     MAX_PEERS_LISTED,
     MEMBERSHIP_FORMS,
@@ -134,6 +146,10 @@ MAX_PINGING = 16
 # (80 keyed members in one process: 1,465 suspicions in forming, then more pings to clear them). A process of one
 # member never meets the cap.
 PINGS_PER_CORE = 32
+# A peer's told period stretches a ping's wait at most this much: past it, a member that tells a long period and
+# falls silent would hold the process's pings (and a connection) for up to request_timeout each
+PING_STRETCH = 3.0
+PACE_EASE = 0.1  # the share of the way back to its configured period a busy member's told period eases each period
 OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
@@ -284,6 +300,7 @@ class Endpoint:
         self._verify: OrderedDict[str, None] = OrderedDict()
         self._news: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
         self._last_sync = 0.0
+        self.kept_period = self.options.heartbeat  # the period it keeps, told in its identity (_keep_pace)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, bind: str, join: list[str] | None = None, advertise: str | None = None) -> None:
@@ -399,7 +416,7 @@ class Endpoint:
         """This member as the IDENTITY schema carries it."""
         pubkey = self.keys.public.decode() if self.keys else ""
         return {"address": self.address, "role": self.role, "incarnation": self.incarnation,
-                "pubkey": pubkey, "round": self.round, "heartbeat": self.options.heartbeat, "recipe": self.recipe,
+                "pubkey": pubkey, "round": self.round, "heartbeat": round(self.kept_period, 3), "recipe": self.recipe,
                 "membership": self.options.membership}
 
     def message(self, mtype: str, body: dict[str, Any], tensors: dict[str, Any] | None = None) -> Message:
@@ -584,15 +601,29 @@ class Endpoint:
 
     async def _heartbeat_loop(self) -> None:
         period = self.options.heartbeat
+        last = time.monotonic()
         while True:
             pause = period * random.uniform(0.9, 1.1)
             before = time.monotonic()
             await asyncio.sleep(pause)
             now = time.monotonic()
+            self._keep_pace(now - last - pause + period)  # less this period's jitter: on time, it is the period
+            last = now
             try:
                 self._beat(now, now - before - pause)
             except Exception:  # one period's error (a bug, a peer's odd entry) must not end the heartbeats
                 log.exception("%s: heartbeat period failed; carrying on", self.name)
+
+    def _keep_pace(self, interval: float) -> None:
+        """Take the time since the last heartbeat period began: the period this member keeps (and tells in its
+        identity) is its configured one, or longer while its process is too busy to keep that (the longest
+        interval of late, easing back a tenth of the way each period). Peers time its silence by what it tells
+        (PeerTable's ratio), so a member whose process runs late is not taken for silent by peers whose process
+        does not (each such suspicion is told on and probed). (Lifeguard's local health, Dadgar et al. 2018, told
+        by the member itself; SWIM's paper is silent.)"""
+        period = self.options.heartbeat
+        eased = self.kept_period - (self.kept_period - period) * PACE_EASE
+        self.kept_period = min(MAX_PERIOD_RATIO * period, MAX_HEARTBEAT, max(period, interval, eased))
 
     def _beat(self, now: float, lag: float) -> None:
         """One heartbeat period: sweep the table, heartbeat and probe peers, gossip, close stale connections."""
@@ -615,7 +646,8 @@ class Endpoint:
             watched = None if self.role == "bootstrap" else self.peers.partners(
                 window - 2 * self.options.suspect_after * period, heard=True)
         for change in self.peers.sweep(watched if probing else None):
-            self._changed(change)
+            # a joining peer's silence is forming's trouble, not a member lost
+            self._changed(change, " (it never answered its introduction)" if change.old == JOINING else "")
         for peer in self.peers.by_state(ALIVE, SUSPECT, JOINING):
             # A bootstrap hears every member's heartbeat under either form: it is where a mesh is watched from
             # (a scripted run reads the members' rounds there, `mesh status` asks it), at one message per member
@@ -740,7 +772,11 @@ class Endpoint:
         opened for it and closed once answered: connections stay as few as the peers this member works with,
         whatever the mesh's size (the peer expects that close: it is no news there)."""
         name, incarnation, address = peer.name, peer.incarnation, peer.address
-        timeout = min(self.options.request_timeout, self.options.suspect_after * self.options.heartbeat)
+        # as long as suspect_after periods: of the slower of the two, as either tells it (_keep_pace), a peer's
+        # counted up to PING_STRETCH of ours
+        hb = self.options.heartbeat
+        slower = max(self.kept_period, min(peer.period, PING_STRETCH * hb))
+        timeout = min(self.options.request_timeout, self.options.suspect_after * slower)
         started = time.monotonic()
         try:
             try:
@@ -905,9 +941,10 @@ class Endpoint:
                     self.peers.introducing(peer.name)
                     self._send(peer, "heartbeat", self.identity())  # introduce now
 
-    def _changed(self, change: Change) -> None:
+    def _changed(self, change: Change, why: str = "") -> None:
         verb = {ALIVE: "is alive", SUSPECT: "is silent (suspect)", DEAD: "is dead", LEFT: "left",
                 "rejoined": "restarted and rejoined"}.get(change.new, change.new)
+        verb += why
         log.info("%s: peer %s %s", self.name, change.name, verb)
         if self.options.membership == "probe" and change.new in (ALIVE, SUSPECT, DEAD, "rejoined") and (
                 change.new != ALIVE or change.old in (None, JOINING, DEAD, LEFT)):

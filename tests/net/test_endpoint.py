@@ -8,6 +8,7 @@ import errno
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -221,6 +222,61 @@ async def test_heartbeats_continue_while_a_node_trains_in_a_worker_thread(member
         assert states(nodes[1])["n0"] == ALIVE and states(boot)["n0"] == ALIVE
         await asyncio.sleep(0.05)
     await busy
+
+
+async def test_a_member_whose_process_runs_late_tells_the_period_it_keeps_and_is_not_taken_for_silent(
+        members: Make) -> None:
+    """A worker process too busy to run its members' heartbeats on time had them taken for silent by members of
+    processes that were not (each suspicion told on and probed). Here n0 runs in an event loop of its own (a thread:
+    another process's loop) that its other work holds for 0.4 s every 0.1 s heartbeat period: it tells the period
+    it keeps, and the bootstrap, which times every member's silence (3 periods: 0.3 s), takes it as alive
+    throughout (before, it turned suspect)."""
+    boot = members("bootstrap", "bootstrap", options=FAST)
+    await boot.start("tcp://127.0.0.1:0")
+    done = threading.Event()
+    told: list[float] = []
+
+    def busy_process() -> None:
+        async def main() -> None:
+            n0 = Endpoint("n0", options=FAST)
+            await n0.start("tcp://127.0.0.1:0", [boot.ticket])
+            while not done.is_set():
+                await asyncio.sleep(0.1)
+                time.sleep(0.4)  # the process's other members and training hold the loop
+                told.append(n0.identity()["heartbeat"])
+            await n0.stop()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=busy_process)
+    thread.start()
+    try:
+        await wait_until(lambda: states(boot).get("n0") == ALIVE, what="n0 alive at the bootstrap")
+        await asyncio.sleep(1.0)  # its first slow periods tell the bootstrap its pace
+        seen = set()
+        for _ in range(150):  # 3 s, 30 of its periods
+            seen.add(states(boot)["n0"])
+            await asyncio.sleep(0.02)
+    finally:
+        done.set()
+        await asyncio.to_thread(thread.join)
+    assert seen == {ALIVE}
+    assert min(told[3:]) >= 3 * FAST.heartbeat and max(told) <= 10 * FAST.heartbeat
+
+
+def test_a_member_tells_the_longest_period_of_late_and_eases_back_to_its_own() -> None:
+    me = Endpoint("me", options=FAST)
+    assert me.identity()["heartbeat"] == FAST.heartbeat
+    me._keep_pace(0.5)
+    assert me.kept_period == 0.5 and me.identity()["heartbeat"] == 0.5
+    me._keep_pace(0.1)
+    assert me.kept_period == pytest.approx(0.46)  # a tenth of the way back
+    for _ in range(100):
+        me._keep_pace(0.1)
+    assert me.kept_period == pytest.approx(FAST.heartbeat, abs=1e-3)
+    me._keep_pace(60.0)  # a loop stopped for a minute: told as at most ten periods (PeerTable's patience ends there)
+    assert me.kept_period == 10 * FAST.heartbeat
+    me.transport.ctx.term()
 
 
 @pytest.fixture
