@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -86,6 +87,8 @@ def one(n: int, rounds: int | None, work: Path, timeout: float, code: Path | Non
     """Run the scenario at n nodes, watched (with code's p2pfed where given); its figures, and why it failed if it
     did."""
     out = work / f"n{n}{tag}"
+    if out.exists():  # p2pfed run keeps what a folder holds: the run would measure nothing, and count old logs
+        raise SystemExit(f"{out} exists: give --work a folder without earlier runs")
     sets = [f"scenario.nodes={n}", f"methods.{METHOD}.all_pairs_up_to=1",
             *([f"scenario.rounds={rounds}"] if rounds else [])]
     cmd = [sys.executable, "-m", "p2pfed", "run", str(SCENARIO), "--out", str(out), "-q"]
@@ -94,7 +97,11 @@ def one(n: int, rounds: int | None, work: Path, timeout: float, code: Path | Non
     log = work / f"n{n}{tag}.log"
     env = dict(os.environ)
     if code is not None:
-        env["PYTHONPATH"] = str(code)
+        # python -m puts the working folder (this checkout: watch_run's) ahead of PYTHONPATH; PYTHONSAFEPATH leaves
+        # it out, here and in the node processes, which inherit both
+        env.update(PYTHONPATH=str(code), PYTHONSAFEPATH="1")
+    source = subprocess.run([sys.executable, "-c", "import p2pfed; print(p2pfed.__file__)"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
     run = watch_run(cmd, env, log, timeout, sockets=True)
     lines = log.read_text(errors="replace").strip().splitlines()
     why = (f"not done within {timeout:.0f} s" if run.timed_out else
@@ -102,7 +109,8 @@ def one(n: int, rounds: int | None, work: Path, timeout: float, code: Path | Non
            if run.code else "")
     row: dict[str, Any] = {"nodes": n, "wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_mb": run.peak_mb,
                            "sockets_per_process": max(run.sockets.values(), default=0), "log": str(log),
-                           "processes": run.processes, "code": str(code) if code is not None else "this"}
+                           "processes": run.processes, "code": str(code) if code is not None else "this",
+                           "p2pfed": source}
     seen = verdicts(out)
     row.update({"suspect_per_node": seen["suspect"] / n, "dead_per_node": seen["dead"] / n,
                 "refuted_per_node": seen["refuted"] / n})
@@ -186,7 +194,7 @@ def against_table(rows: list[dict[str, Any]]) -> str:
     for a, b in pairs(rows):
         cells = []
         for key, _ in AGAINST:
-            cells += [f"{a[key]:.1f}", f"{b[key]:.1f}", f"{b[key] / a[key]:.2f}" if a[key] else "–"]
+            cells += [f"{a[key]:.2f}", f"{b[key]:.2f}", f"{b[key] / a[key]:.2f}" if a[key] else "–"]
         both = [f"{r.get('finished', 0)}/{r['nodes']}, ARI {r['ari']:.3f}, {100 * r['accuracy']:.2f} %"
                 if "ari" in r and r["ari"] is not None else r.get("failed", "?")[:60] for r in (a, b)]
         body.append([a["nodes"], *cells, *both])
@@ -209,8 +217,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.against is not None and not (args.against / "p2pfed" / "__init__.py").exists():
         parser.error(f"--against takes a checkout of p2pfed (a folder holding p2pfed/__init__.py): {args.against}")
-    if not 1 <= args.repeat <= 10:
-        parser.error(f"--repeat takes 1..10 (got {args.repeat})")
+    if not 1 <= args.repeat <= 10 or (args.repeat > 1 and args.against is None):
+        parser.error(f"--repeat takes 1..10, with --against (got {args.repeat})")
     try:
         sizes = list(dict.fromkeys(int(x) for x in args.sizes.split(",")))
     except ValueError:
@@ -229,16 +237,17 @@ def main() -> int:
         for n, code, tag in runs:
             print(f"{n} nodes{' with ' + str(code) if code else ''} ...", file=sys.stderr, flush=True)
             rows.append(one(n, args.rounds or None, work, args.timeout, code, tag))
-            with_ratios([r for r in rows if r["code"] == "this"])
+            if args.against is None:
+                with_ratios(rows)
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "processes"}), file=sys.stderr, flush=True)
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps({"scenario": str(SCENARIO.relative_to(ROOT)), "method": METHOD,
                                                  "rounds": args.rounds or "the scenario's", "machine": machine,
                                                  "rows": rows}, indent=1) + "\n")
-    print(table([r for r in rows if r["code"] == "this"]) if args.against is None else against_table(rows))
+    print(table(rows) if args.against is None else against_table(rows))
     if args.plot:
-        plot(rows, args.plot)
+        plot([r for r in rows if r["code"] == "this"], args.plot)
     return 0 if all("failed" not in r for r in rows) else 1
 
 

@@ -309,7 +309,8 @@ def scale_against_table(figures: dict[str, Any]) -> str:
             "ARI | accuracy % |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = figures["rows"]
-    for k, (a, b) in enumerate(zip(runs[::2], runs[1::2], strict=False), 1):
+    pairs = [(a, b) for a, b in zip(runs[::2], runs[1::2], strict=False) if a["code"] != "this" == b["code"]]
+    for k, (a, b) in enumerate(pairs, 1):
         for r, what in ((a, f"pair {k}, before"), (b, f"pair {k}, after")):
             ari = f"{r['ari']:.3f}" if r.get("ari") is not None else "–"
             accuracy = f"{100 * r['accuracy']:.2f}" if "accuracy" in r else "–"

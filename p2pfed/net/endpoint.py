@@ -619,8 +619,8 @@ class Endpoint:
         identity) is its configured one, or longer while its process is too busy to keep that (the longest
         interval of late, easing back a tenth of the way each period). Peers time its silence by what it tells
         (PeerTable's ratio), so a member whose process runs late is not taken for silent by peers whose process
-        does not (each such suspicion is told on and probed). (Lifeguard's local health, Dadgar et al. 2018, told
-        by the member itself; SWIM's paper is silent.)"""
+        does not (each such suspicion is told on and probed). (Lifeguard's local health, told by the member
+        itself; SWIM says nothing of a member's own load.)"""
         period = self.options.heartbeat
         eased = self.kept_period - (self.kept_period - period) * PACE_EASE
         self.kept_period = min(MAX_PERIOD_RATIO * period, MAX_HEARTBEAT, max(period, interval, eased))
