@@ -271,6 +271,7 @@ class Endpoint:
         self.other_recipes: OrderedDict[str, str] = OrderedDict()
         self._on_change: list[Callable[[Change], None]] = []
         self.changed = asyncio.Event()
+        self.rounds_moved = asyncio.Event()  # set when a peer's own word says its round rose (and made anew)
         self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options,
                                    mesh=self.options.mesh)
         # At the connection cap, keep the connections to the peers heard from most recently (never-heard first out).
@@ -905,6 +906,7 @@ class Endpoint:
                             f"{self.options.membership!r}: every member of a mesh must use one ([mesh] membership)")
         old = self.peers.peers.get(msg.sender)
         old_address = old.address if old else None
+        old_round = old.round if old else None
         try:
             change = self.peers.heard_from(msg.sender, body["address"], body["role"], body["incarnation"],
                                            body["pubkey"], body["round"], body["heartbeat"],
@@ -914,6 +916,10 @@ class Endpoint:
             raise (TryLater if exc.transient else WireError)(str(exc)) from None
         if old_address and old_address != body["address"]:
             self.transport.forget(old_address)
+        if old_round is not None and body["round"] > old_round:
+            # a peer's round moved on: whoever waits on its rounds looks again (a model it has passed will not come)
+            self.rounds_moved.set()
+            self.rounds_moved = asyncio.Event()
         if change and change.old in (None, JOINING, DEAD, LEFT) and msg.type not in ("hello", "ping", "pong"):
             self._send(self.peers.peers[msg.sender], "heartbeat", self.identity())  # answer a newcomer now
         if change:

@@ -140,7 +140,9 @@ class LearningNode(LocalNode):
             waiting = (expected - set(got)) & set(self.live_peers()) - moved_on
             if not waiting or time.monotonic() >= deadline:
                 break
-            await first_of(self.arrivals, self.endpoint.changed, timeout=max(0.0, deadline - time.monotonic()))
+            # (rounds_moved: a peer past the round leaves nothing more to wait for from it; its heartbeat says so)
+            await first_of(self.arrivals, self.endpoint.changed, self.endpoint.rounds_moved,
+                           timeout=max(0.0, deadline - time.monotonic()))
         if waiting:
             log.warning("%s: round %d: no %s from %s by the deadline; going on without", self.name, rnd, kind,
                         names(waiting))
