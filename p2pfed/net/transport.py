@@ -71,6 +71,13 @@ class BadAddress(DeliveryError):
     """An address that libzmq cannot dial at all (the peer that advertised it cannot be reached)."""
 
 
+class OutOfFiles(DeliveryError):
+    """This process is too near its open-files limit to open a connection: its own trouble, not a peer's (errno
+    EMFILE, as the OSError it forestalls, so that out_of_files and the runner's help line read it alike)."""
+
+    errno = errno.EMFILE
+
+
 class Refusal(DeliveryError):
     """The other side said no (a negative ack, or a handshake it refused): reason says why, in its words;
     retry says it may say yes later (e.g. a restarted member whose old process is not silent yet)."""
@@ -216,9 +223,9 @@ class _Connections:
         # (closing lags: libzmq's thread closes a socket's files a moment later, so a count just after still has
         # them, and the next call may close two more: a few connections too many closed, never a file too many)
         if short and held + FILES_PER_CONNECTION > soft - FILES_FLOOR:
-            raise DeliveryError(f"this process holds {held} open files of its limit of {soft}, and every "
-                                "connection is busy: raise the limit (ulimit -n) or spread the members over more "
-                                "worker processes")
+            raise OutOfFiles(f"too many open files: this process holds {held} of its limit of {soft}, and every "
+                             "connection is busy: raise the limit (ulimit -n) or spread the members over more "
+                             "worker processes")
         if len(self.lru) >= most:
             raise DeliveryError(f"this process's {most} connections (its open-files limit's share) are all busy")
 

@@ -1039,9 +1039,10 @@ def test_near_the_limit_a_loop_with_no_idle_connection_still_opens_one_and_refus
     monkeypatch.setattr(transport_module, "_open_files_at_no_cost", lambda: held[0])
     connections.make_room()  # short of files, nothing idle to close: room all the same
     held[0] = 1000 - transport_module.FILES_FLOOR - transport_module.FILES_PER_CONNECTION + 1
-    with pytest.raises(DeliveryError, match=r"this process holds 934 open files of its limit of 1000, and every "
-                                            r"connection is busy: raise the limit \(ulimit -n\)"):
+    with pytest.raises(DeliveryError, match=r"too many open files: this process holds 934 of its limit of 1000, "
+                                            r"and every connection is busy: raise the limit \(ulimit -n\)") as seen:
         connections.make_room()
+    assert transport_module.out_of_files(seen.value)  # this process's trouble: the runner's help line, no traceback
 
 
 def test_where_files_cannot_be_counted_at_no_cost_they_are_listed_now_and_then_and_estimated_between(
