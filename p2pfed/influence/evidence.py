@@ -11,13 +11,18 @@ The per-sample losses come from lazy_influence.sample_losses (batched on CUDA as
 A verdict drawn over several rounds (``Window``) first averages each sample's differences over the rounds,
 then tests those averages: the rounds' models are scored on the same samples, so samples, not
 (sample, round) pairs, are the independent units.
+
+A window also keeps, where it is given them, the differences in errors (a sample misclassified by one model
+and not the other), and says the mean of them beside the loss's estimate (``Estimate.accuracy``): a test of
+the loss on 5 samples reads a model that is surer of the same answers as better, and that is what a model
+trained alone on few samples is, beside an average of models (see PFedLIAP2P.harmful).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats
@@ -32,6 +37,7 @@ class Estimate:
     lower: float
     upper: float
     samples: int
+    accuracy: float | None = None  # the mean gain in accuracy on the same samples, where errors were kept
 
     @property
     def helps(self) -> bool:
@@ -82,11 +88,21 @@ class Window:
 
     def __init__(self, rounds: int) -> None:
         self.rounds: deque[np.ndarray] = deque(maxlen=rounds)
+        self.errors: deque[np.ndarray] = deque(maxlen=rounds)  # each round's error differences, where given
 
-    def add(self, differences: np.ndarray) -> None:
+    def add(self, differences: np.ndarray, errors: np.ndarray | None = None) -> None:
+        """One round's per-sample loss differences, and error differences (1: only the other model erred
+        there; −1: only this one; 0: both or neither) if known (positive: the side the window is for helps)."""
+        if errors is not None and len(errors) != len(differences):
+            raise ValueError(f"{len(errors)} error differences for {len(differences)} loss differences")
         if self.rounds and len(differences) != len(self.rounds[-1]):
             self.rounds.clear()  # another validation split (cannot happen within a run): start over
+            self.errors.clear()
+        if errors is None:
+            self.errors.clear()  # a window's accuracy is over all of its rounds or none
         self.rounds.append(np.asarray(differences, dtype=np.float64))
+        if errors is not None:
+            self.errors.append(np.asarray(errors, dtype=np.float64))
 
     @property
     def full(self) -> bool:
@@ -99,4 +115,7 @@ class Window:
         """Each sample's mean difference over the window's rounds, tested over the samples."""
         if not self.rounds:
             return Estimate(0.0, -math.inf, math.inf, 0)
-        return estimate(np.mean(np.stack(list(self.rounds)), axis=0), confidence)
+        e = estimate(np.mean(np.stack(list(self.rounds)), axis=0), confidence)
+        if len(self.errors) != len(self.rounds):
+            return e
+        return replace(e, accuracy=float(np.mean(np.stack(list(self.errors)))))

@@ -113,21 +113,35 @@ def sample_losses(model: nn.Module, states: list[dict[str, torch.Tensor]], x: to
     """The task's loss of each state (on model's architecture) for each scored unit of (x, y): a (states,
     units) array; a unit is a sample (a token of a sequence for next-token prediction). Batched as
     score_peers is (on CUDA by default), with the same results."""
+    return sample_losses_and_errors(model, states, x, y, device, task, batched, chunk, memory_budget)[0]
+
+
+@torch.no_grad()
+def sample_losses_and_errors(model: nn.Module, states: list[dict[str, torch.Tensor]], x: torch.Tensor,
+                             y: torch.Tensor, device: torch.device, task: LearningTask = CLASSIFICATION,
+                             batched: bool | None = None, chunk: int | None = None, memory_budget: int = 256 << 20
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """sample_losses, and from the same forward passes whether each state's prediction of each unit is wrong
+    (1.0) or right (0.0): two (states, units) arrays."""
     if not states:
-        return np.zeros((0, 0))
+        return np.zeros((0, 0)), np.zeros((0, 0))
     if batched is None:
         batched = device.type == "cuda"
     model = model.to(device).eval()
     x, y = x.to(device), y.to(device)
-    if batched:
-        def loss_of(params: dict[str, torch.Tensor]) -> torch.Tensor:
-            return task.loss(functional_call(model, params, (x,)), y, reduction="none").reshape(-1)
 
-        losses = stacked(model, states, x, loss_of, chunk, memory_budget)[:, task.scored(y)]
+    def both(output: torch.Tensor) -> torch.Tensor:
+        wrong = (task.predict(output).reshape(-1) != y.reshape(-1)).to(output.dtype)
+        return torch.stack([task.loss(output, y, reduction="none").reshape(-1), wrong])
+
+    if batched:
+        rows = stacked(model, states, x, lambda params: both(functional_call(model, params, (x,))), chunk,
+                       memory_budget)
     else:
-        losses = torch.stack([task.unit_losses(functional_call(model, {k: v.to(device) for k, v in s.items()},
-                                                               (x,)), y) for s in states])
-    return losses.double().cpu().numpy()
+        rows = torch.stack([both(functional_call(model, {k: v.to(device) for k, v in s.items()}, (x,)))
+                            for s in states])
+    values = rows[:, :, task.scored(y)].double().cpu().numpy()
+    return values[:, 0], values[:, 1]
 
 
 @torch.no_grad()

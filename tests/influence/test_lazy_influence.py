@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2pfed.influence.lazy_influence import sample_losses, score_peers, score_peers_one_by_one
+from p2pfed.influence.lazy_influence import (
+    sample_losses,
+    sample_losses_and_errors,
+    score_peers,
+    score_peers_one_by_one,
+)
 from p2pfed.learn.datasets import load_dataset
 from p2pfed.learn.models import build_model
 from p2pfed.learn.tasks import NEXT_TOKEN, PAD
@@ -53,6 +58,13 @@ def test_per_token_losses_leave_the_padding_out_batched_or_not() -> None:
     batched = sample_losses(model, states, x, y, CPU, NEXT_TOKEN, batched=True)
     assert looped.shape == batched.shape == (3, 15 - 2 - 4)  # every token but the six of padding
     assert torch.allclose(torch.tensor(looped), torch.tensor(batched), atol=1e-5)
+    # each token's error, from the same forward passes: the arg-max is not the next token
+    for on in (False, True):
+        losses, errors = sample_losses_and_errors(model, states, x, y, CPU, NEXT_TOKEN, batched=on)
+        assert torch.allclose(torch.tensor(losses), torch.tensor(looped), atol=1e-5)
+        for i, state in enumerate(states):
+            wrong = torch.func.functional_call(model, state, (x,)).argmax(-1) != y
+            assert errors[i].tolist() == wrong[y != PAD].double().tolist()
 
 
 def test_training_a_partial_model_leaves_the_nodes_own_model_as_it_was() -> None:
