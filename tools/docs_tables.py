@@ -364,10 +364,12 @@ def headline() -> str:
 def before_after_table(before_dir: Path, method: str, where: Path) -> str:
     """One row per run folder under before_dir (a method's runs before a change, named as the shipped runs):
     that method's accuracy and bottom-5 % there, and in the shipped run of the same name (after), beside the
-    shipped run's baselines (links relative to where, the page)."""
+    shipped run's baselines (links relative to where, the page): each in its -p2p form, or where the scenario
+    runs only the coordinated one (the table1 files), that."""
     baselines = ("pfedlia-p2p-paper", "local-p2p", "fedavg-p2p", "oracle-p2p")
     rows = [f"| scenario | {method} before | {method} after | " + " | ".join(baselines) + " |",
             "|---|" + "---:|" * (2 + len(baselines))]
+    marked = False  # whether a cell is of the coordinated form (said under the table)
 
     def cell(m: dict[str, Any] | None) -> str:
         if m is None:
@@ -381,9 +383,18 @@ def before_after_table(before_dir: Path, method: str, where: Path) -> str:
             raise FileNotFoundError(f"{folder.relative_to(ROOT)} has no shipped run to compare with: "
                                     f"{shipped.relative_to(ROOT)} is missing")
         after = json.loads(shipped.read_text())["methods"]
-        cells = [cell(before.get(method)), cell(after.get(method)), *(cell(after.get(b)) for b in baselines)]
+        cells = [cell(before.get(method)), cell(after.get(method))]
+        for b in baselines:
+            central = b.removesuffix("-p2p")
+            if b not in after and central != b and central in after:
+                cells.append(cell(after[central]) + "*")
+                marked = True
+            else:
+                cells.append(cell(after.get(b)))
         link = os.path.relpath(ROOT / "scenarios" / "results" / folder.name, where.parent)
         rows.append(f"| [{folder.name}]({link}/) | " + " | ".join(cells) + " |")
+    if marked:
+        rows.append("\n\\* the coordinated form (`local`, `fedavg`, `oracle`): the scenario runs no -p2p form of it")
     return "\n".join(rows)
 
 
