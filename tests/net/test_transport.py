@@ -1049,7 +1049,7 @@ def test_where_files_cannot_be_counted_at_no_cost_they_are_listed_now_and_then_a
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transport_module, "_open_files_at_no_cost", lambda: 0)
     listings: list[int] = []
-    monkeypatch.setattr(transport_module, "open_files", lambda: listings.append(500) or 500)
+    monkeypatch.setattr(transport_module, "_listed_open_files", lambda: listings.append(500) or 500)
 
     class Member:
         pass
