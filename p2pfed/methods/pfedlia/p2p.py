@@ -580,10 +580,7 @@ class PFedLIAP2P(Method):
         if not harmed:
             return []
         rest = {p: m for p, m in group.items() if p not in harmed}
-        back = group_average(own, rest) if rest else held
-        if not back:
-            return []
-        self.node.load_state(back)
+        self.node.load_state((group_average(own, rest) if rest else None) or held)  # (rest: an average, never None)
         for peer in harmed:
             e = rounds[peer].estimate(level)
             log.info("%s: round %d: took back %s's model of the last round (effect on validation loss %+.3g, "
