@@ -327,6 +327,7 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
     "lia-1-thread.json": lia_table,
     "lia-gpu.json": lia_gpu_table, "flower.json": flower_table, "ray-engine.json": ray_engine_table,
+    "ray-engine-1000.json": ray_engine_table,
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table,
     "scale-kept-period.json": scale_against_table}
