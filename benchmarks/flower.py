@@ -176,12 +176,18 @@ def watch_run(cmd: list[str], env: dict[str, str], log: Path, timeout: float | N
     return Watched(launched, wall, cpu, peak, watch.processes(), code, watch.sockets, timed_out)
 
 
+LOG_TAIL = 12  # lines of a failed run's output the benchmark prints
+
+
 def watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float, float, dict[str, Any]]:
     """Run cmd, watched: launch time, wall seconds, CPU seconds, peak MB, what the memory went to; a run that
-    fails stops the benchmark, naming its output."""
+    fails stops the benchmark with the end of its output (its log lies in the benchmark's temporary folder, which
+    is gone once the benchmark stops)."""
     run = watch_run(cmd, env, log)
     if run.code != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])} ... exited with {run.code}; its output: {log}")
+        lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log.exists() else []
+        raise SystemExit(f"{' '.join(cmd[:4])} ... exited with {run.code}; the end of its output:\n"
+                         + ("\n".join(lines) or "(none)"))
     return run.launched, run.wall_s, run.cpu_s, run.peak_mb, run.processes
 
 
