@@ -14,7 +14,9 @@ A peer-to-peer method (``Method``) steers its node's whole round, as a Flower St
 - ``sends``, ``outgoing`` and ``subscribers``: whether the node sends (default: when it trained), what, and
   to whom;
 - ``sources`` and ``expected``: whose models it takes, and which of them it waits for;
-- ``aggregate``: its model after the round from the models that arrived (default: sample-weighted FedAvg).
+- ``aggregate``: its model after the round from the models that arrived (default: sample-weighted FedAvg);
+- ``settle``: awaited work on that model before the round is evaluated and kept (pFedLIA-p2p weighs the round's
+  models and takes a harmful one back; default: none).
 
 The node's round loop (node/learner.py) asks these and nothing else, so a new method touches no node code.
 What a method says to its peers beyond the round's model travels as models of its own kinds (taken if
@@ -223,6 +225,11 @@ class Method:
         and its own, so every member of a group ends the round with the group's average (what a server averaging
         the group's models would give); the node's model as it is when none arrived."""
         return group_average(own, arrived)
+
+    async def settle(self, rnd: int) -> None:
+        """Work on round rnd's aggregate once the node holds it, before the round's evaluation and checkpoint
+        (e.g. pFedLIA-p2p weighs the models that came on its validation split and takes a harmful one back).
+        Awaited, unlike aggregate: a forward pass belongs in a worker thread (on_validation). Default: none."""
 
     def on_note(self, kind: str, sender: str, rnd: int, values: dict[str, float]) -> None:
         """A note of one of the kinds in ``notes`` from a member the node knows, for a round up to the node's

@@ -3,7 +3,7 @@
 One round, top to bottom (``run_round``), each step the method's (methods/base.py): its pre-round work →
 its local training if this node takes part → its outgoing model to its subscribers if it sends → collect its expected
 sources' models until they are all in (dead peers excused) or the deadline passes → its aggregate of them →
-evaluate → record → checkpoint.
+its settling of that model → evaluate → record → checkpoint.
 Training, scoring and evaluation run in worker threads; the event loop keeps answering heartbeats.
 
 What peers say is checked before it is believed: a model is taken only if its method expects that kind
@@ -368,6 +368,7 @@ class LearningNode(LocalNode):
         new = self.method.aggregate(rnd, own, arrived)
         if new is not None:
             self.load_state(new)
+        await self.method.settle(rnd)  # (what it changes is what the round evaluates and keeps)
         metrics: dict[str, Any] = {}
         if (rnd + 1) % self.cfg.eval_every == 0 or rnd == self.scenario.rounds - 1:
             ev = await asyncio.to_thread(evaluate, self.model, self.data.x_test, self.data.y_test, self.device,

@@ -46,9 +46,9 @@ class P2POptions(InfluenceOptions):
     # rounds of evidence behind a verdict on a chosen peer, a probed one and collaboration; 0: the choice is
     # made once and never looked at again (the paper's), with no probes and no fallback
     window: int = 3
-    # the least harm that drops a peer or gives up collaborating, as a share of w0's validation loss; and the
-    # least gain (beyond uncertainty) that has a peer chosen in the influence phase, as a share of the most
-    # helpful peer's
+    # the least harm that drops a peer, takes its model of a round back, undoes a round or gives up
+    # collaborating, as a share of w0's validation loss; and the least gain (beyond uncertainty) that has a peer
+    # chosen in the influence phase, as a share of the most helpful peer's
     margin: float = 0.1
     probe_every: int = 4  # rounds between probes of a peer the node has not chosen (a late joiner first); 0: none
     fallback: bool = True  # keep a local track and go back to it when collaboration does worse

@@ -21,23 +21,26 @@ the rest of the run. So the choice keeps learning, from the models the node rece
   over the node's validation samples (a one-sided paired t-test at ``confidence``; influence/evidence.py).
 - Each round, on its validation split, the node compares its aggregate with the aggregate without each
   chosen peer; a peer that hurts beyond its uncertainty over ``window`` rounds is dropped. A peer whose one
-  model of the last round did so is taken back at once: the node averages that round's models again
-  without it (a rare sender's one model weighs a lot: at 10 % participation a node that did not train
-  averages only the one or two models that came).
+  model of the round did so is taken back at once: the node averages that round's models again without it
+  (a rare sender's one model weighs a lot: at 10 % participation a node that did not train averages only
+  the one or two models that came). A round that did harm as a whole (its own training included: one epoch
+  can break a small model) is undone: the node goes back to the model it began the round with.
 - A verdict against a peer or the group (a drop, a take-back, a fallback) also needs more errors on the
   validation samples, not only a higher loss: on 5 samples the loss reads a surer model of the same
   answers as the better one, and a model trained alone is surer than an average of models.
 - Every ``probe_every`` rounds it watches one peer it has not chosen (a late joiner first, then the one
-  looked at longest ago): that peer sends it its models, which the node does not average but weighs (its
-  aggregate with the peer's model, against without); a peer that helps beyond its uncertainty over
-  ``window`` rounds is chosen. So late joiners are chosen by the nodes they help. One peer at a time: at
+  looked at longest ago, the best scored first): that peer sends it its models, which the node does not
+  average but weighs (its aggregate with the peer's model, against without); a peer that helps beyond its
+  uncertainty over ``window`` rounds is chosen (a watch lasts 2·window+1 rounds the peer is drawn to train
+  in: it sends only then). So late joiners are chosen by the nodes they help. One peer at a time: at
   most one model more per round, and one forward pass per model weighed.
 - Never worse than alone: while it collaborates, the node trains a local track beside (a second model,
   from w0, on its own data only); when its aggregate does worse than the local track beyond uncertainty over
   ``window`` rounds, it falls back to the local track, drops its peers (the record says "fallback") and
   goes on alone, probing as before.
-The verdicts on round r's models are drawn as round r+1 starts (a method's aggregate is not awaited: the
-scoring runs in a worker thread then, as the influence phase's does). Any change of the chosen peers
+Round r's models are weighed as soon as the node holds their average (``settle``: before the round is
+evaluated and kept, the last round's too; in a worker thread, as the influence phase's scoring), and the
+verdicts over windows are drawn as round r+1 starts. Any change of the chosen peers
 starts every window afresh: a peer's effect is measured against the group it is averaged with.
 
 Also beyond the paper, for large meshes: all pairs cost N² partial models and N² "choices" notes. In a mesh of
@@ -85,7 +88,8 @@ from p2pfed.wire import ModelIn
 log = logging.getLogger(__name__)
 
 LOCAL = ""  # the key of the local track's comparison (no peer is named "")
-HELD = "=held"  # the key of the comparison with the model held before the models that came ("=": in no name)
+HELD = "=held"  # the key of the comparison with the model held as the round began ("=": in no name)
+OWN = "=own"  # the key of its own trained model's comparison with the model held as the round began
 SCORED_PER_SAMPLE = 4  # a sampling node scores at most this many times `sample` peers (but its choosers)
 RANDOM_PER_SAMPLE = 2  # of which drawn at random after the phase's draw, at most this many times `sample`
 RECOMMENDED_KEPT = 1024  # recommendations kept at most (they come in peers' notes): the least named go first
@@ -109,15 +113,16 @@ class PFedLIAP2P(Method):
         self.choosers: set[str] = set()  # peers that chose (or watch) this node: they get its model
         self.scores: dict[str, float] = {}  # every score of the choice, for its records
         self.watched: dict[str, int] = {}  # a probed peer: the round its watch began
-        self.looked: dict[str, int] = {}  # every peer scored or probed: the round it last was
-        self.refused: dict[str, int] = {}  # a peer watched and kept out: how many times in a row
+        self.looked: dict[str, int] = {}  # every peer scored, probed or dropped: the round it last was
+        self.refused: dict[str, int] = {}  # a peer watched and kept out, or dropped: how many times
         self.released: dict[str, int] = {}  # a peer dropped or no longer watched: the round it was
         self.dropped: set[str] = set()  # peers dropped from the choice and not chosen again (its records say)
         self.local: nn.Module | None = None  # the local track, while the node collaborates
         self.windows: dict[str, Window] = {}  # a chosen or watched peer's evidence, and LOCAL's
-        # the last round's averaging: own model, the chosen peers' and watched peers' that arrived, and the model
-        # the node held before (what it goes back to if every model averaged is taken back)
+        # the round's averaging, until settle weighs it: own model, the chosen peers' and watched peers' that
+        # arrived, and the model the node held as the round began (what it goes back to when the round did harm)
         self.last: tuple[ModelIn | None, dict[str, ModelIn], dict[str, ModelIn], dict[str, torch.Tensor]] | None = None
+        self.began: tuple[int, dict[str, torch.Tensor]] | None = None  # a round it trained in: its model before
         self.scale = 1.0  # w0's mean validation loss: what margin is a share of
         # scoring a sample (a mesh of more than all_pairs_up_to members; see the module's text)
         self.expanding = False  # still scoring more peers, a step each round
@@ -469,6 +474,8 @@ class PFedLIAP2P(Method):
             self.local = None
 
     async def train(self, rnd: int) -> float | None:
+        if self.chosen is not None and self.keeps_learning:
+            self.began = (rnd, self.node.current_state())  # what a round that did harm goes back to (take_back)
         loss = await self.node.fit(self.node.own)
         if self.local is not None:  # (kept only while the node has chosen peers: start_local)
             await self.node.fit(self.local)  # the local track: the same training, on the node's data only
@@ -487,15 +494,22 @@ class PFedLIAP2P(Method):
             return average
         group = {p: m for p, m in arrived.items() if self.chosen is None or p in self.chosen}
         if self.chosen is not None and self.keeps_learning:
-            held = own.state if own is not None else self.node.current_state() if group else {}
-            self.last = (own, group, {p: m for p, m in arrived.items() if p in self.watched}, held)
+            # the model it held as the round began: before its training, or, not trained, before the models came
+            began = self.began[1] if own is not None and self.began is not None and self.began[0] == rnd else None
+            held = began if own is not None else self.node.current_state() if group else None
+            self.last = (own, group, {p: m for p, m in arrived.items() if p in self.watched}, held or {})
+        self.began = None
         return group_average(own, group)
 
-    async def review(self, rnd: int) -> None:
-        """Weigh the last round's models, draw the verdicts that are due, start a probe, announce a change."""
+    async def settle(self, rnd: int) -> None:
+        """Weigh the round's models as the node holds their average, before the round is evaluated and kept: a
+        harmful one is taken back in its own round, the last one of a run included (take_back)."""
         if self.last is not None:
-            await self.weigh(*self.last)
-            self.last = None
+            last, self.last = self.last, None
+            await self.weigh(*last)
+
+    async def review(self, rnd: int) -> None:
+        """Draw the verdicts that are due on the rounds weighed so far, start a probe, announce a change."""
         before = (set(self.chosen or ()), set(self.watched))
         self.verdicts(rnd)
         self.probe(rnd)
@@ -510,13 +524,15 @@ class PFedLIAP2P(Method):
 
     async def weigh(self, own: ModelIn | None, group: dict[str, ModelIn], watched: dict[str, ModelIn],
                     held: dict[str, torch.Tensor]) -> None:
-        """Add the last round's evidence to the windows, from the node's validation split: for each chosen peer
-        that sent, its aggregate without the peer against with it (positive: the peer helps); for each watched
-        peer that sent, the aggregate with the peer's model added against without; the aggregate against the
-        local track. The models are built and scored in a worker thread, off the event loop.
+        """Add the round's evidence to the windows, from the node's validation split: for each chosen peer that
+        sent, its aggregate without the peer against with it (positive: the peer helps); for each watched peer
+        that sent, the aggregate with the peer's model added against without; the aggregate against the local
+        track; and the aggregate against the model held as the round began (held). The models are built and
+        scored in a worker thread, off the event loop.
         A chosen peer's model that did harm in that round alone, beyond uncertainty and with more errors, is
-        taken back at once (take_back): the verdict on the peer still waits for its window."""
-        now = self.node.current_state()  # the last round's aggregate
+        taken back at once, and so is the whole round when it did harm together (take_back): the verdict on a
+        peer still waits for its window."""
+        now = self.node.current_state()  # the round's aggregate
         members = {**group, **({"": own} if own is not None else {})}  # "" is no peer's name
         # a host snapshot (state_of), as every other model weighed is: the live tensors of a track that trains on a
         # GPU lie there, and change while the scoring runs in its thread
@@ -526,17 +542,20 @@ class PFedLIAP2P(Method):
                   task: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
             states = {"": now, **variants(members, sorted(group), watched)}
             # A node that did not train took the models that came, its own left out: without the only one, or
-            # without all of them, it keeps the model it held.
+            # without all of them, it keeps the model it held. One that trained weighs the round against the
+            # model it began it with: its own training can break its model too.
             for peer in group:
                 states.setdefault(f"-{peer}", held)
-            if own is None and len(group) > 1:
+            if held and (own is not None or len(group) > 1):
                 states[HELD] = held
+                if own is not None and group:  # (without peers its aggregate is its own model)
+                    states[OWN] = own.state
             if local is not None:
                 states["local"] = local
             keys = list(states)
             return keys, *sample_losses_and_errors(model, [states[k] for k in keys], x_val, y_val, device, task)
 
-        if not group and not watched:
+        if not group and not watched and not (own is not None and held):
             return
         keys, losses, errors = await self.node.on_validation(judge)
         row = dict(zip(keys, zip(losses, errors, strict=True), strict=True))
@@ -544,50 +563,76 @@ class PFedLIAP2P(Method):
         for key, (value, wrong) in row.items():
             if key == "":
                 continue
-            name = LOCAL if key == "local" else key if key == HELD else key[1:]
+            name = LOCAL if key == "local" else key if key in (HELD, OWN) else key[1:]
             # positive: the peer (the models that came; collaborating) helps; an error difference is 1 where only
             # the model without it (the local track; the aggregate before a watched peer's model is added)
             # misclassifies a sample
-            if key[0] == "-" or key in ("local", HELD):
+            if key == OWN:  # positive: its own training helped (against the model it began the round with)
+                diff, fewer = paired_differences(row[HELD][0], value), row[HELD][1] - wrong
+            elif key[0] == "-" or key in ("local", HELD):
                 diff, fewer = paired_differences(value, row[""][0]), wrong - row[""][1]
             else:
                 diff, fewer = paired_differences(row[""][0], value), row[""][1] - wrong
             rounds[name] = Window(1)
             rounds[name].add(diff, fewer)
-        harmed = self.take_back(own, group, held, rounds)
+        counted = self.take_back(own, group, held, rounds)
         for name, one in rounds.items():
-            # After a take-back every other comparison of that round was against an aggregate the node did not
-            # keep (without a peer, the harmful model weighed more; with a watched one, less): only the evidence
-            # against the peers taken back counts.
-            if name != HELD and (not harmed or name in harmed):
+            if name not in (HELD, OWN) and (counted is None or name in counted):
                 self.windows.setdefault(name, Window(self.options.window)).add(one.rounds[0], one.errors[0])
 
     def take_back(self, own: ModelIn | None, group: dict[str, ModelIn], held: dict[str, torch.Tensor],
-                  rounds: dict[str, Window]) -> list[str]:
-        """Average the last round's models again without those chosen peers' whose model alone did harm
-        (harmful on that round's evidence, at the level shared among the peers that sent); return them.
+                  rounds: dict[str, Window]) -> set[str] | None:
+        """Take back the models of the round that did harm: each chosen peer's that did alone (harmful on the
+        round's evidence, at the level shared among the round's tests), or, where none alone did and the round
+        did harm as a whole, every model that came (two broken models each look fine beside the other); the
+        node averages the rest again (its own model, if no peer's is left; not trained, the model it held).
+        Where its own training broke its model (its trained model against the one it began the round with) and
+        the round did harm, it goes back to the model it began the round with instead (record "undone").
+        Return whose evidence of the round still counts (None: all of it, nothing was taken back). The other
+        comparisons were made against an aggregate the node did not keep (without a peer, the harmful model
+        weighed more; with a watched one, less): only the evidence against the peers taken back counts, and,
+        every model that came given back, the local track's comparison with the group's round as it came (the
+        group did worse than the node alone would have); a round undone, only the peers' taken back.
         A rare sender's one model weighs a lot: a node that did not train averages only the models that
         arrived, and at 10 % participation that is one or two. On table1-fmnist-pathological a node that had
         left its cluster for its local track (and was still chosen by it) trained alone into a model that
         misclassified one of its two classes, sent it to the 18 cluster mates that had chosen it, and every
         one of them fell from 98 to 100 % to 50 % in that round; the verdict on the sender needs window
-        rounds of its models, and it sends one every ten rounds or so. (Not checkpointed until the round ends:
-        a crash before that resumes from the aggregate with the model in it.)"""
-        level = corrected(self.options.confidence, len(group) + (HELD in rounds))
+        rounds of its models, and it sends one every ten rounds or so.
+        A node's own training breaks its model too (one epoch at lr 0.05 on a few dozen samples): on
+        adversaries-fmnist-clean (seed 1) a node trained in the last round from 99 % to 67 %, and the three
+        cluster mates that took its model ended at 64 to 68 %. The round is weighed before it is evaluated
+        and kept (settle), so the last one is too."""
+        # (the level shared among every test of the round: one more for the round as a whole, one for its own model)
+        level = corrected(self.options.confidence, len(group) + (HELD in rounds) + (OWN in rounds))
         harmed = sorted(p for p in group if p in rounds and self.harmful(rounds[p].estimate(level)))
-        if HELD in rounds and self.harmful(rounds[HELD].estimate(level)):
-            harmed = sorted(group)  # the models that came did harm together (each one looks fine beside another)
-        if not harmed:
-            return []
+        worse = HELD in rounds and self.harmful(rounds[HELD].estimate(level))  # the round did harm as a whole
+        # its own training broke its model (without peers, its own model is the round's)
+        broke = own is not None and HELD in rounds and self.harmful(rounds[OWN if group else HELD].estimate(level))
+        undone = broke and (worse or bool(harmed))
+        if not undone and not harmed and worse:
+            harmed = sorted(group)  # the models that came did harm together (each looks fine beside the other)
+        if not undone and not harmed:
+            return None
         rest = {p: m for p, m in group.items() if p not in harmed}
-        self.node.load_state((group_average(own, rest) if rest else None) or held)  # (rest: an average, never None)
+        # (no peer's model left: its own, if it trained; else the model it held)
+        self.node.load_state(held if undone else group_average(own, rest) or (own.state if own is not None else held))
         for peer in harmed:
             e = rounds[peer].estimate(level)
-            log.info("%s: round %d: took back %s's model of the last round (effect on validation loss %+.3g, "
-                     "bounds %+.3g .. %+.3g; accuracy %+.2f)", self.node.name, self.node.round, peer, e.mean,
-                     e.lower, e.upper, e.accuracy or 0.0)
+            log.info("%s: round %d: took back %s's model of the round (effect on validation loss %+.3g, bounds "
+                     "%+.3g .. %+.3g; accuracy %+.2f)", self.node.name, self.node.round, peer, e.mean, e.lower,
+                     e.upper, e.accuracy or 0.0)
             self.node.record("peer", peer=peer, verdict="taken back", gain=e.mean, lower=e.lower, upper=e.upper)
-        return harmed
+        if undone:
+            e = rounds[OWN if group else HELD].estimate(level)
+            log.info("%s: round %d: its own training did harm (effect on validation loss %+.3g, bounds %+.3g .. "
+                     "%+.3g; accuracy %+.2f): back to the model it began the round with", self.node.name,
+                     self.node.round, e.mean, e.lower, e.upper, e.accuracy or 0.0)
+            self.node.record("undone", gain=e.mean, lower=e.lower, upper=e.upper,
+                             **({"accuracy": e.accuracy} if e.accuracy is not None else {}))
+            return set(harmed)  # the others' evidence was weighed beside a broken model of its own
+        # every model that came given back: the local track's comparison was with the group's round as it came
+        return set(harmed) | ({LOCAL} if not rest else set())
 
     def verdicts(self, rnd: int) -> None:
         """Drop the chosen peers that hurt; fall back to the local track when collaborating does worse than it
@@ -611,6 +656,7 @@ class PFedLIAP2P(Method):
                 self.fall_back(rnd, sorted(hurting), e)  # the drops left it alone, and alone did better
             elif collab.full and LOCAL in self.windows:
                 del self.windows[LOCAL]
+        live = set(self.node.live_peers())
         for peer, since in sorted(self.watched.items()):
             w = self.windows.get(peer)
             if w is not None and w.full:
@@ -624,11 +670,17 @@ class PFedLIAP2P(Method):
                 else:
                     self.refused[peer] = self.refused.get(peer, 0) + 1
                 self.note_change(rnd, "added" if e.helps else "kept out", peer, e)
-            elif rnd - since > 2 * self.options.window + 1:
-                del self.watched[peer]  # it sent too few models to judge: look at another
+            elif peer not in live or self.due(peer, since, rnd) > 2 * self.options.window + 1:
+                del self.watched[peer]  # it left, or sent too few models to judge: look at another
                 self.looked[peer] = rnd
                 self.refused[peer] = self.refused.get(peer, 0) + 1
                 self.note_change(rnd, "kept out", peer, None)
+
+    def due(self, peer: str, since: int, rnd: int) -> int:
+        """The rounds from since to before rnd in which peer was drawn to train: a watched peer sends its model
+        only then. At 10 % participation seven rounds held less than one model, and almost every probe of
+        table1-fmnist-pathological ended "kept out" for want of models (a node that fell back stayed alone)."""
+        return sum(1 for r in range(since, rnd) if self.takes_part(r, peer))
 
     def drop(self, rnd: int, evidence: dict[str, Window]) -> dict[str, Estimate]:
         """Drop the chosen peers whose evidence shows they hurt; return them. They are tested together, at a
@@ -640,6 +692,9 @@ class PFedLIAP2P(Method):
         for peer, e in hurting.items():
             self.chosen.discard(peer)
             self.added.discard(peer)
+            # probed again late (a peer kept out once waits twice the probes' interval), after peers never looked at
+            self.looked[peer] = rnd
+            self.refused[peer] = self.refused.get(peer, 0) + 1
             self.note_change(rnd, "dropped", peer, e)
         return hurting
 
@@ -696,7 +751,9 @@ class PFedLIAP2P(Method):
 
     def probe(self, rnd: int) -> None:
         """Every probe_every rounds after the phase, watch one live peer not chosen: one never looked at (a
-        late joiner) first, then the one looked at longest ago; ties broken by a draw of the node's own."""
+        late joiner) first, then the one looked at longest ago, of those the one that scored best in the
+        influence phase (a bandit starts from what it knows: a node that fell back probes the peers it gave up,
+        and those 2-means left out, before the rest), ties broken by a draw of the node's own."""
         since = rnd - self.options.warmup_rounds
         if not self.options.probe_every or self.watched or since <= 0 or since % self.options.probe_every:
             return
@@ -707,7 +764,8 @@ class PFedLIAP2P(Method):
                       and rnd - self.looked.get(p, -10**9) >= self.options.probe_every * 2 ** self.refused.get(p, 0)]
         if not candidates:
             return
-        peer = min(candidates, key=lambda p: (self.looked.get(p, -1), shared_number(self.node.seed, me, p, rnd)))
+        peer = min(candidates, key=lambda p: (self.looked.get(p, -1), -self.scores.get(p, 0.0),
+                                              shared_number(self.node.seed, me, p, rnd)))
         self.watched[peer] = rnd
         self.looked[peer] = rnd
         log.info("%s: round %d: watching %s, a peer it has not chosen", self.node.name, rnd, peer)
