@@ -337,7 +337,7 @@ class LearningNode(LocalNode):
         return ahead
 
     async def run_round(self, rnd: int) -> int:
-        """One round: pre-round work, train, send, collect, average, evaluate, record, checkpoint. Return the
+        """One round: pre-round work, train, send, collect, average, settle, evaluate, record, checkpoint. Return the
         round it ran: a later one if the pre-round work took so long that the mesh went on meanwhile."""
         self.round = rnd
         for key in [k for k in self.inbox if k[1] < rnd]:

@@ -23,8 +23,9 @@ the rest of the run. So the choice keeps learning, from the models the node rece
   chosen peer; a peer that hurts beyond its uncertainty over ``window`` rounds is dropped. A peer whose one
   model of the round did so is taken back at once: the node averages that round's models again without it
   (a rare sender's one model weighs a lot: at 10 % participation a node that did not train averages only
-  the one or two models that came). A round that did harm as a whole (its own training included: one epoch
-  can break a small model) is undone: the node goes back to the model it began the round with.
+  the one or two models that came); where no one model did but all of them together did, all are taken
+  back. A round its own training broke (one epoch can break a small model), where the round did harm, is
+  undone: the node goes back to the model it began the round with.
 - A verdict against a peer or the group (a drop, a take-back, a fallback) also needs more errors on the
   validation samples, not only a higher loss: on 5 samples the loss reads a surer model of the same
   answers as the better one, and a model trained alone is surer than an average of models.

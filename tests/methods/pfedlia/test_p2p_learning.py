@@ -200,7 +200,11 @@ async def test_a_chosen_peers_one_harmful_model_is_taken_back_in_its_round() -> 
         if rnd == bad:
             assert node.accuracy() < 0.1  # averaged
             expected = weighted_average([peers["a"], method.last[0].state], [40.0, 40.0])  # type: ignore[index]
+            before = {k: len(w) for k, w in method.windows.items()}
         await method.settle(rnd)
+        if rnd == bad:  # of the round's evidence, only b's counts: the rest was weighed beside b's model
+            grew = {k: len(w) - before.get(k, 0) for k, w in method.windows.items()}
+            assert {k: n for k, n in grew.items() if n} == {"b": 1}
     assert node.accuracy() > 0.9  # b's broken model is out of the average again, in its own round
     assert all(torch.allclose(node.current_state()[k], v) for k, v in expected.items())
     assert [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"] == [("b", "taken back")]
@@ -263,6 +267,54 @@ async def test_a_round_whose_own_training_broke_the_model_is_undone(peers: dict[
     # good peer, the broken model weighs more: the peer would look better than it is; and the local track better
     # than the group)
     assert method.windows == {}
+
+
+async def own_round(own: dict[str, torch.Tensor], peers: dict[str, dict[str, torch.Tensor]]
+                    ) -> tuple[PFedLIAP2P, Node, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One round after the choice of a node that begins it with a model right on its validation split, trains
+    into own, and takes peers' models: its method, node, the model it began with and the round's aggregate."""
+    node = Node(sorted(peers) or ["a"], classifier(1.0))
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=W, probe_every=0))
+    await method.choose({p: Estimate(1.0, 0.5, 2.0, 20) for p in node.peers})
+    await method.before_round(W)
+    began = node.current_state()
+
+    async def trains(module: nn.Module, *_: Any, **__: Any) -> float:
+        module.load_state_dict(own)
+        return 0.05
+    node.fit = trains  # type: ignore[method-assign]
+    await method.train(W)
+    new = method.aggregate(W, ModelIn("me", node.current_state(), 40), {p: ModelIn(p, s, 40) for p, s in peers.items()})
+    assert new is not None
+    node.load_state(new)
+    await method.settle(W)
+    return method, node, began, new
+
+
+async def test_a_round_its_own_training_broke_with_a_harmful_peer_is_undone_and_the_peer_blamed() -> None:
+    method, node, began, _ = await own_round(classifier(-1.0), {"a": classifier(4.0), "b": classifier(-8.0)})
+    assert all(torch.equal(node.current_state()[k], v) for k, v in began.items())
+    assert [e for e, _ in node.records if e != "choice"] == ["peer", "undone"]
+    assert [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"] == [("b", "taken back")]
+    assert set(method.windows) == {"b"}  # b's evidence counts; a's and the local track's were beside a broken model
+
+
+async def test_a_round_its_own_training_broke_but_its_peers_mended_is_kept() -> None:
+    """Its own model alone is worse than the one it began with, but the round's average is not: it is kept."""
+    _, node, _, new = await own_round(classifier(-1.0), {"a": classifier(4.0), "b": classifier(4.0)})
+    assert all(torch.equal(node.current_state()[k], v) for k, v in new.items()) and node.accuracy() > 0.9
+    assert [e for e, _ in node.records] == ["choice"]
+
+
+async def test_models_that_did_harm_together_are_taken_back_and_a_node_keeps_its_own_training() -> None:
+    """Two broken models, each fine beside the other, and its own training fine: it keeps its own model, not the
+    one it began the round with, and the local track's comparison with the group's round counts."""
+    own = classifier(1.5)
+    method, node, _, _ = await own_round(own, {"f1": classifier(-3.0), "f2": classifier(-3.0)})
+    assert all(torch.equal(node.current_state()[k], v) for k, v in own.items())
+    assert [(f["peer"], f["verdict"]) for e, f in node.records if e == "peer"] == [("f1", "taken back"),
+                                                                                  ("f2", "taken back")]
+    assert "undone" not in [e for e, _ in node.records] and set(method.windows) == {"f1", "f2", ""}
 
 
 async def test_a_round_that_went_well_is_kept_whole() -> None:
