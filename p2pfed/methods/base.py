@@ -134,6 +134,10 @@ class PeerContext(NodeContext, Protocol):
         that only grows (a member that dies, finishes or is forgotten by the membership table keeps its place),
         to lay a topology over."""
 
+    def gone(self, name: str) -> bool:
+        """Whether peer name is dead or gone as far as the membership table knows (forgotten by it too, once
+        met); a member not met yet is not gone."""
+
     def drawn(self, name: str, rnd: int) -> bool:
         """Whether the scenario's participation draw has node name train in round rnd (the same on every node)."""
 

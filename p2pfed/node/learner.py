@@ -30,7 +30,7 @@ from p2pfed.learn.train import describe_device, evaluate
 from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
-from p2pfed.net.membership import ALIVE, JOINING, SUSPECT, Change
+from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change
 from p2pfed.net.transport import DeliveryError
 from p2pfed.net.waits import first_of
 from p2pfed.node.conduct import Conduct
@@ -85,6 +85,12 @@ class LearningNode(LocalNode):
     def members(self) -> list[str]:
         self.known.update(p.name for p in self.endpoint.peers.peers.values() if p.role == "node")
         return sorted(self.known)
+
+    def gone(self, name: str) -> bool:
+        peer = self.endpoint.peers.peers.get(name)
+        if peer is None:  # met once, then forgotten by the table (dead or gone long enough), or never met
+            return name in self.known and name != self.name
+        return peer.state in (DEAD, LEFT)
 
     def drawn(self, name: str, rnd: int) -> bool:
         return participates(self.scenario.seed, name, rnd, self.cfg.participation)

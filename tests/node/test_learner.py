@@ -535,6 +535,19 @@ async def test_a_node_waits_for_the_peers_it_is_told_to_wait_for_but_not_forever
     assert ran[0][:2] == (0, 1) and 0.5 <= ran[0][2] < 3
 
 
+def test_a_peer_is_gone_once_the_table_holds_it_dead_or_left_or_forgot_it_not_before_it_is_met(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    n = fedavg_node(tmp_path, members)
+    for peer in ("n00", "n02", "n03"):
+        heard(n, peer)
+    n.members()  # known from here on
+    n.endpoint.peers.left("n00")
+    n.endpoint.peers.mark_dead("n02")
+    assert [n.gone(p) for p in ("n00", "n02", "n03", "n04")] == [True, True, False, False]  # n04: never met
+    del n.endpoint.peers.peers["n03"]  # forgotten
+    assert n.gone("n03") and not n.gone("n01")
+
+
 async def test_a_node_stops_waiting_for_a_peers_model_once_the_peers_heartbeat_says_it_has_moved_on(
         tmp_path: Path, members: Callable[..., Endpoint]) -> None:
     """A peer past the round has sent what it had for it (collect): its heartbeat saying so must end the wait at

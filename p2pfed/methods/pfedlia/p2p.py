@@ -405,12 +405,14 @@ class PFedLIAP2P(Method):
         """The models of kind the live ones of peers keep, asked of all together (first: of one at a time, in
         order, until one gives it); those that keep none yet are asked again, waiting longer each time, for up to
         patience seconds. (first: the peers are asked while they are not yet known alive too, as a large mesh may
-        still be forming; one that does not answer is asked again.)"""
+        still be forming, but not once known dead or gone: a node behind the mesh would wait out the patience for
+        peers that finished the run; one that does not answer is asked again.)"""
         got: dict[str, dict[str, torch.Tensor]] = {}
         wait, deadline = FETCH_RETRY[0], asyncio.get_running_loop().time() + patience
         while True:
             live = set(self.node.live_peers())
-            missing = [p for p in peers if p not in got and p != self.node.name and (first or p in live)]
+            missing = [p for p in peers if p not in got and p != self.node.name
+                       and (p in live or (first and not self.node.gone(p)))]
             if first:
                 for peer in missing:
                     state = await self.node.fetch(peer, kind)

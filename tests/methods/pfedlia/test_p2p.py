@@ -38,6 +38,9 @@ class FakeNode:
     def members(self) -> list[str]:
         return sorted([*self.peers, self.name])
 
+    def gone(self, name: str) -> bool:
+        return False
+
     def true_cluster_of(self, name: str) -> int:
         return -1
 
@@ -290,6 +293,31 @@ async def test_a_sampling_nodes_newly_chosen_peer_is_not_waited_for_in_the_round
     assert method.sampling and method.chosen and method.chosen <= set(method.paired())
     assert method.expected(0) == set() and method.expected(1) == method.chosen  # told by then
     assert node.announced == [(sorted(method.chosen), sorted(method.chosen))]  # told: only the peers it chose
+
+
+async def test_a_large_meshs_straggler_does_not_wait_for_warm_up_aggregators_that_are_gone() -> None:
+    """A node behind the mesh asks its warm-up round's aggregators for their average. Those the membership table
+    holds dead or gone are not asked (seen at 1,000 nodes: a node asked aggregators that had finished the run,
+    for twice a round's timeout in each warm-up round, and ended 20 minutes after the rest); one not met yet is
+    (the mesh may still be forming)."""
+    members = [f"p{i:02d}" for i in range(30)]
+    node = FakeNode("you", members, {}, {})
+    node.members = lambda: sorted([*members, "you"])  # type: ignore[method-assign]
+    node.cfg = type("Cfg", (), {"round_timeout": 0.2})()  # type: ignore[attr-defined]
+    method = PFedLIAP2P(node, P2POptions(warmup_rounds=3, sample=10, all_pairs_up_to=20))
+    await method.before_round(0)
+    first, second = method.aggregators(0), method.aggregators(1)
+    assert "you" not in first + second
+    gone = set(first + second)
+    node.peers = [p for p in members if p not in gone]  # not live either
+    node.gone = lambda name: name in gone  # type: ignore[attr-defined]
+    await method.before_round(1)
+    assert node.fetched == [] and node.loaded is None  # none asked: it goes on with its own model
+    # one of them not met yet (not live, not gone) is asked, and gives the average
+    gone.discard(second[1])
+    node.keeps[second[1]] = {"warmup-1"}
+    await method.before_round(2)
+    assert node.fetched == [(second[1], "warmup-1")] and node.loaded is not None
 
 
 async def test_recommendations_are_known_members_only_and_a_mesh_of_all_pairs_keeps_none() -> None:
