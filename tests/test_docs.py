@@ -122,6 +122,27 @@ def test_a_table_edited_by_hand_is_caught() -> None:
     assert tool.draw(edited, page) == text  # drawn anew from summary.json, whatever the page said
 
 
+def test_a_before_and_after_table_reads_after_from_the_changes_own_runs_where_it_is_given_them(
+        tmp_path: Path) -> None:
+    """A change's table keeps the figures it was measured with once a later change runs the method again: after
+    from its own runs (after=), not from the shipped run; the baselines still from the shipped run."""
+    tool = tables_tool()
+    shipped = json.loads((ROOT / "scenarios" / "results" / "quickstart" / "summary.json").read_text())
+    for folder, accuracy in (("before", 0.5), ("after", 0.75)):
+        run = {"methods": {"pfedlia-p2p": {"accuracy": accuracy, "bottom5_accuracy": accuracy / 2}}}
+        (tmp_path / folder / "quickstart").mkdir(parents=True)
+        (tmp_path / folder / "quickstart" / "summary.json").write_text(json.dumps(run))
+    page = ROOT / "docs" / "methods.md"
+    row = tool.before_after_table(tmp_path / "before", "pfedlia-p2p", page, tmp_path / "after").splitlines()[2]
+    cells = [c.strip() for c in row.split("|")[2:-1]]
+    assert cells[:2] == ["50.00 (25.00)", "75.00 (37.50)"]
+    assert cells[3] == tool.accuracy_cell(shipped["methods"]["local-p2p"]["accuracy"]) + " (" + tool.accuracy_cell(
+        shipped["methods"]["local-p2p"]["bottom5_accuracy"]).split(" ±")[0] + ")"
+    row = tool.before_after_table(tmp_path / "before", "pfedlia-p2p", page).splitlines()[2]
+    assert row.split("|")[3].strip().split(" ±")[0] == tool.accuracy_cell(
+        shipped["methods"]["pfedlia-p2p"]["accuracy"]).split(" ±")[0]  # without after=: the shipped run
+
+
 def test_no_paper_is_named_by_a_number_where_a_user_reads() -> None:
     where = [*PAGES, *sorted((ROOT / "scenarios").glob("*.toml")), *sorted((ROOT / "p2pfed").rglob("*.py"))]
     numbered = [str(p.relative_to(ROOT)) for p in where if re.search(r"[Pp]apers? 00[0-4]", p.read_text())]

@@ -9,6 +9,8 @@ A table in Markdown sits between two markers, and this script writes what is bet
                                                                 same run B without them
     <!-- table: scenarios/results/DIR before=METHOD -->        METHOD in each run under DIR (before a change)
                                                                 against the shipped run of the same name
+    <!-- table: scenarios/results/DIR before=METHOD after=DIR2 -->   ... against the run of that name under DIR2
+                                                                (the change's own runs, once a later one shipped)
     <!-- headline -->                                           README's one-line-per-experiment table
     <!-- end headline -->
 
@@ -362,9 +364,10 @@ def headline() -> str:
     return "\n".join(rows)
 
 
-def before_after_table(before_dir: Path, method: str, where: Path) -> str:
+def before_after_table(before_dir: Path, method: str, where: Path, after_dir: Path | None = None) -> str:
     """One row per run folder under before_dir (a method's runs before a change, named as the shipped runs):
-    that method's accuracy and bottom-5 % there, and in the shipped run of the same name (after), beside the
+    that method's accuracy and bottom-5 % there, and after: in the run of the same name under after_dir (the
+    change's own runs, kept when a later change ran the method again) or else in the shipped run, beside the
     shipped run's baselines (links relative to where, the page): each in its -p2p form, or where the scenario
     runs only the coordinated one (the table1 files), that."""
     baselines = ("pfedlia-p2p-paper", "local-p2p", "fedavg-p2p", "oracle-p2p")
@@ -384,7 +387,9 @@ def before_after_table(before_dir: Path, method: str, where: Path) -> str:
             raise FileNotFoundError(f"{folder.relative_to(ROOT)} has no shipped run to compare with: "
                                     f"{shipped.relative_to(ROOT)} is missing")
         after = json.loads(shipped.read_text())["methods"]
-        cells = [cell(before.get(method)), cell(after.get(method))]
+        own = after if after_dir is None else json.loads((after_dir / folder.name / "summary.json").read_text()
+                                                         )["methods"]
+        cells = [cell(before.get(method)), cell(own.get(method))]
         for b in baselines:
             central = b.removesuffix("-p2p")
             if b not in after and central != b and central in after:
@@ -411,7 +416,7 @@ def draw(text: str, where: Path) -> str:
         elif path.name == "summary.json":
             body = summary_table(path, opts)
         elif path.is_dir() and "before" in opts:
-            body = before_after_table(path, opts["before"], where)
+            body = before_after_table(path, opts["before"], where, ROOT / opts["after"] if "after" in opts else None)
         elif path.name in BENCHMARKS:
             body = BENCHMARKS[path.name](json.loads(path.read_text()))
         else:
