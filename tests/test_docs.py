@@ -141,6 +141,9 @@ def test_a_before_and_after_table_reads_after_from_the_changes_own_runs_where_it
     row = tool.before_after_table(tmp_path / "before", "pfedlia-p2p", page).splitlines()[2]
     assert row.split("|")[3].strip().split(" ±")[0] == tool.accuracy_cell(
         shipped["methods"]["pfedlia-p2p"]["accuracy"]).split(" ±")[0]  # without after=: the shipped run
+    (tmp_path / "after" / "quickstart" / "summary.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no run after the change"):
+        tool.before_after_table(tmp_path / "before", "pfedlia-p2p", page, tmp_path / "after")
 
 
 def test_no_paper_is_named_by_a_number_where_a_user_reads() -> None:

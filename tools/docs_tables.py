@@ -9,8 +9,9 @@ A table in Markdown sits between two markers, and this script writes what is bet
                                                                 same run B without them
     <!-- table: scenarios/results/DIR before=METHOD -->        METHOD in each run under DIR (before a change)
                                                                 against the shipped run of the same name
-    <!-- table: scenarios/results/DIR before=METHOD after=DIR2 -->   ... against the run of that name under DIR2
-                                                                (the change's own runs, once a later one shipped)
+    <!-- table: scenarios/results/DIR before=METHOD after=scenarios/results/DIR2 -->   ... against the run of
+                                                                that name under DIR2 (the change's own runs, once a
+                                                                later one shipped); the baselines still shipped
     <!-- headline -->                                           README's one-line-per-experiment table
     <!-- end headline -->
 
@@ -387,8 +388,13 @@ def before_after_table(before_dir: Path, method: str, where: Path, after_dir: Pa
             raise FileNotFoundError(f"{folder.relative_to(ROOT)} has no shipped run to compare with: "
                                     f"{shipped.relative_to(ROOT)} is missing")
         after = json.loads(shipped.read_text())["methods"]
-        own = after if after_dir is None else json.loads((after_dir / folder.name / "summary.json").read_text()
-                                                         )["methods"]
+        own = after
+        if after_dir is not None:
+            changed = after_dir / folder.name / "summary.json"
+            if not changed.exists():
+                raise FileNotFoundError(f"{os.path.relpath(folder, ROOT)} has no run after the change to compare "
+                                        f"with: {os.path.relpath(changed, ROOT)} is missing")
+            own = json.loads(changed.read_text())["methods"]
         cells = [cell(before.get(method)), cell(own.get(method))]
         for b in baselines:
             central = b.removesuffix("-p2p")

@@ -546,6 +546,8 @@ def test_a_peer_is_gone_once_the_table_holds_it_dead_or_left_or_forgot_it_not_be
     assert [n.gone(p) for p in ("n00", "n02", "n03", "n04")] == [True, True, False, False]  # n04: never met
     del n.endpoint.peers.peers["n03"]  # forgotten
     assert n.gone("n03") and not n.gone("n01")
+    n.endpoint.peers.heard_from("n00", "tcp://127.0.0.1:9", "node", 2, "", 0)  # restarted: back
+    assert not n.gone("n00")
 
 
 async def test_a_node_stops_waiting_for_a_peers_model_once_the_peers_heartbeat_says_it_has_moved_on(
