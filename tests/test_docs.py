@@ -144,6 +144,10 @@ def test_a_before_and_after_table_reads_after_from_the_changes_own_runs_where_it
     (tmp_path / "after" / "quickstart" / "summary.json").unlink()
     with pytest.raises(FileNotFoundError, match="no run after the change"):
         tool.before_after_table(tmp_path / "before", "pfedlia-p2p", page, tmp_path / "after")
+    marker = ("<!-- table: scenarios/results/pfedlia-p2p-before-errors before=pfedlia-p2p "
+              "after=scenarios/results/no-such-runs -->\n<!-- end table -->\n")
+    with pytest.raises(FileNotFoundError, match=r"docs/methods\.md: a table is drawn from scenarios/results/no-such"):
+        tool.draw(marker, page)
 
 
 def test_no_paper_is_named_by_a_number_where_a_user_reads() -> None:

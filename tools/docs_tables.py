@@ -417,6 +417,9 @@ def draw(text: str, where: Path) -> str:
         if not path.exists():
             raise FileNotFoundError(f"{where.relative_to(ROOT)}: a table is drawn from {m['path']}, which is missing")
         opts = dict(o.split("=", 1) for o in m["opts"].split())
+        for named in [opts[k] for k in ("clean", "after") if k in opts]:
+            if not (ROOT / named).exists():
+                raise FileNotFoundError(f"{where.relative_to(ROOT)}: a table is drawn from {named}, which is missing")
         if path.name == "summary.json" and "clean" in opts:
             body = adversaries_table(path, ROOT / opts["clean"])
         elif path.name == "summary.json":
