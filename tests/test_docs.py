@@ -148,6 +148,9 @@ def test_a_before_and_after_table_reads_after_from_the_changes_own_runs_where_it
               "after=scenarios/results/no-such-runs -->\n<!-- end table -->\n")
     with pytest.raises(FileNotFoundError, match=r"docs/methods\.md: a table is drawn from scenarios/results/no-such"):
         tool.draw(marker, page)
+    with pytest.raises(ValueError, match=r"docs/methods\.md: .*before=pfedlia-p2p after -->' is not a table marker"):
+        tool.draw("<!-- table: scenarios/results/pfedlia-p2p-before-errors before=pfedlia-p2p after -->\nold\n"
+                  "<!-- end table -->\n", page)
 
 
 def test_no_paper_is_named_by_a_number_where_a_user_reads() -> None:

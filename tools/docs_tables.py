@@ -39,6 +39,8 @@ from p2pfed.report.results import results_table  # noqa: E402
 from p2pfed.report.seeds import mean_sd, seed_folders, seeds_table  # noqa: E402
 
 TABLE = re.compile(r"(<!-- table: (?P<path>\S+)(?P<opts>(?: \w+=\S+)*) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+MARKER = re.compile(r"<!-- table:.*?-->")  # every table marker, well formed (as TABLE reads it) or not
+WELL_FORMED = re.compile(r"<!-- table: \S+(?: \w+=\S+)* -->")
 HEADLINE = re.compile(r"(<!-- headline -->\n)(?P<body>.*?)(<!-- end headline -->)", re.S)
 # README's headline: per shipped experiment its results page, and the methods whose accuracy it shows
 HEADLINE_RUNS = [
@@ -414,10 +416,8 @@ def draw(text: str, where: Path) -> str:
     """text with every marked table drawn anew."""
     def table(m: re.Match[str]) -> str:
         path = ROOT / m["path"]
-        if not path.exists():
-            raise FileNotFoundError(f"{where.relative_to(ROOT)}: a table is drawn from {m['path']}, which is missing")
         opts = dict(o.split("=", 1) for o in m["opts"].split())
-        for named in [opts[k] for k in ("clean", "after") if k in opts]:
+        for named in [m["path"], *(opts[k] for k in ("clean", "after") if k in opts)]:
             if not (ROOT / named).exists():
                 raise FileNotFoundError(f"{where.relative_to(ROOT)}: a table is drawn from {named}, which is missing")
         if path.name == "summary.json" and "clean" in opts:
@@ -432,6 +432,10 @@ def draw(text: str, where: Path) -> str:
             raise ValueError(f"{where.relative_to(ROOT)}: no table is drawn from {m['path']}")
         return m.group(1) + body + "\n" + m.group(5)
 
+    for marker in MARKER.findall(text):
+        if not WELL_FORMED.fullmatch(marker):  # TABLE would pass it by, and its table would go stale unseen
+            raise ValueError(f"{where.relative_to(ROOT)}: {marker[:120]!r} is not a table marker (<!-- table: PATH "
+                             "NAME=VALUE ... -->, followed by <!-- end table -->)")
     text = TABLE.sub(table, text)
     return HEADLINE.sub(lambda m: m.group(1) + headline() + "\n" + m.group(3), text)
 
