@@ -659,8 +659,8 @@ class PFedLIAP2P(Method):
             if not hurting and collab.full and self.harmful(e):
                 # Collaborating did worse. A chosen peer's window fills only with the rounds it sends in, and may not
                 # be full yet: a chosen peer whose evidence so far shows it hurts is dropped first, and the group rid
-                # of it judged again. Seen on adversaries-digits: a
-                # node gave up its two good peers with the noise model, one round short of dropping it.
+                # of it judged again. Seen on adversaries-digits: a node gave up its two good peers with the noise
+                # model, one round short of dropping it.
                 hurting = self.drop(rnd, {p: w for p, w in sorted(self.windows.items()) if p in self.chosen})
                 if not hurting:
                     self.fall_back(rnd, sorted(self.chosen), e)
