@@ -47,6 +47,7 @@ HEADLINE_RUNS = [
     ("quickstart", "digits, 20 nodes, 5 clusters", "docs/results/quickstart.md"),
     ("compare-digits", "digits, 20 nodes, every method", "docs/results/compare-digits.md"),
     ("feature-digits", "digits, 12 nodes, 4 rotations", "docs/results/pfedlia.md#digits"),
+    ("feature-fmnist", "Fashion-MNIST, 40 nodes, 4 rotations", "docs/results/pfedlia.md#fashion-mnist"),
     ("feature-digits-mixed", "digits, 12 nodes, rotations and label skew",
      "docs/results/pfedlia.md#digits-with-label-skew-the-mixed-form"),
     ("scandinavian", "next character, 12 nodes, 4 languages",
