@@ -176,8 +176,9 @@ async def p2pfed_transfer(sd: dict[str, torch.Tensor], repeat: int, keyed: bool 
     runs in a thread with an event loop of its own, as a member in a process of its own would (and as the tuned
     pyzmq receiver has a thread of its own): the two members' Python work may overlap, as it does between two."""
     # The last state dict received (its tensors are views of the frames): a node keeps a model until it averages
-    # it, and the tuned receiver keeps none. Kept all, each transfer landed on fresh memory, as no node's does:
-    # 0.54 of the tuned path without keys against 0.70 kept one (one run of each, interleaved).
+    # it, and the tuned receiver keeps none. Kept all 7 of a call, each transfer landed on fresh memory, as no
+    # node's does: 0.40 to 0.44 of the tuned path without keys against 0.64 to 0.75 kept one (three A B pairs,
+    # benchmarks/results/wire-received.json).
     received: list[dict[str, torch.Tensor]] = []
     keys = security.ephemeral_keys() if keyed else None
     ready: queue.Queue[tuple[str, asyncio.AbstractEventLoop, asyncio.Event]] = queue.Queue()
