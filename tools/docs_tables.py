@@ -50,6 +50,8 @@ HEADLINE_RUNS = [
     ("feature-fmnist", "Fashion-MNIST, 40 nodes, 4 rotations", "docs/results/pfedlia.md#fashion-mnist"),
     ("feature-digits-mixed", "digits, 12 nodes, rotations and label skew",
      "docs/results/pfedlia.md#digits-with-label-skew-the-mixed-form"),
+    ("feature-fmnist-mixed", "Fashion-MNIST, 40 nodes, rotations and label skew, the p2p methods",
+     "docs/results/pfedlia.md#fashion-mnist-with-label-skew-the-mixed-form"),
     ("scandinavian", "next character, 12 nodes, 4 languages",
      "docs/results/pfedlia.md#next-character-prediction-on-scandinavian-languages"),
     ("fmnist-pathological", "Fashion-MNIST, 100 nodes, 5 clusters",
