@@ -38,9 +38,10 @@ if sys.path[0] != str(ROOT):
 from p2pfed.report.results import results_table  # noqa: E402
 from p2pfed.report.seeds import mean_sd, seed_folders, seeds_table  # noqa: E402
 
-TABLE = re.compile(r"(<!-- table: (?P<path>\S+)(?P<opts>(?: \w+=\S+)*) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
-MARKER = re.compile(r"<!-- table:.*?-->")  # every table marker, well formed (as TABLE reads it) or not
-WELL_FORMED = re.compile(r"<!-- table: \S+(?: \w+=\S+)* -->")
+HEADER = r"<!-- table: (?P<path>\S+)(?P<opts>(?: \w+=\S+)*) -->"  # a table's marker: its file, then NAME=VALUE options
+TABLE = re.compile(rf"({HEADER}\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+MARKER = re.compile(r"<!-- table:.*?-->")  # every table marker, well formed (HEADER) or not
+WELL_FORMED = re.compile(HEADER)
 HEADLINE = re.compile(r"(<!-- headline -->\n)(?P<body>.*?)(<!-- end headline -->)", re.S)
 # README's headline: per shipped experiment its results page, and the methods whose accuracy it shows
 HEADLINE_RUNS = [
