@@ -88,8 +88,9 @@ class Watch:
                     self.cpu[(p.pid, p.create_time())] = t.user + t.system
                     pss = p.memory_full_info().pss
                     total += pss
-                    label = self.each[p.pid][0] if p.pid in self.each else kind_of(p)
-                    self.each[p.pid] = (label, max(pss, self.each.get(p.pid, ("", 0.0))[1]))
+                    # named as last seen: a process first seen as a shell may exec Python (one of Flower's tree
+                    # was counted as an 878 MB bash while it was named as first seen)
+                    self.each[p.pid] = (kind_of(p), max(pss, self.each.get(p.pid, ("", 0.0))[1]))
                     if self.count_sockets:
                         self.sockets[p.pid] = max(open_sockets(p.pid), self.sockets.get(p.pid, 0))
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -179,15 +180,18 @@ def watch_run(cmd: list[str], env: dict[str, str], log: Path, timeout: float | N
 LOG_TAIL = 12  # lines of a failed run's output the benchmark prints
 
 
+RUN_LIMIT = 1800.0  # seconds: a side's run takes under two minutes here; one past this hangs (it is killed)
+
+
 def watched(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float, float, float, dict[str, Any]]:
     """Run cmd, watched: launch time, wall seconds, CPU seconds, peak MB, what the memory went to; a run that
-    fails stops the benchmark with the end of its output (its log lies in the benchmark's temporary folder, which
-    is gone once the benchmark stops)."""
-    run = watch_run(cmd, env, log)
+    fails or hangs stops the benchmark with the end of its output (its log lies in the benchmark's temporary
+    folder, which is gone once the benchmark stops)."""
+    run = watch_run(cmd, env, log, timeout=RUN_LIMIT)
     if run.code != 0:
         lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log.exists() else []
-        raise SystemExit(f"{' '.join(cmd[:4])} ... exited with {run.code}; the end of its output:\n"
-                         + ("\n".join(lines) or "(none)"))
+        how = f"was stopped after {RUN_LIMIT:.0f} s" if run.timed_out else f"exited with {run.code}"
+        raise SystemExit(f"{' '.join(cmd[:4])} ... {how}; the end of its output:\n" + ("\n".join(lines) or "(none)"))
     return run.launched, run.wall_s, run.cpu_s, run.peak_mb, run.processes
 
 

@@ -178,7 +178,11 @@ def main() -> int:
                              "round_start": [], "round_end": []}
     run_simulation(server_app(s, times), client, num_supernodes=s.nodes,
                    backend_config={"client_resources": {"num_cpus": args.client_cpus, "num_gpus": 0.0},
-                                   "init_args": {"include_dashboard": False, "logging_level": "error"}})
+                                   "init_args": {"include_dashboard": False, "logging_level": "error",
+                                                 # a cluster of its own, as p2pfed's Ray engine starts: without it
+                                                 # Ray joins the last cluster this machine started (its address is
+                                                 # kept in /tmp/ray), and where that one is gone, Flower hangs
+                                                 "address": "local"}})
     times["finished"] = time.time()
     shutil.rmtree(shared, ignore_errors=True)
     args.out.write_text(json.dumps(times) + "\n")

@@ -228,8 +228,9 @@ def ray_engine_table(figures: dict[str, Any]) -> str:
 
 
 FLOWER_STEPS = (("flower-before.json", "before (4 node processes)"),
-                ("flower.json", "after (4 node processes)"),
-                ("flower-cores.json", "after (2 node processes, a core each)"))
+                ("flower-changes.json", "after (4 node processes)"),
+                ("flower-cores.json", "after (2 node processes, a core each)"),
+                ("flower.json", "today (4 node processes)"))
 
 
 def flower_history_table(_: dict[str, Any]) -> str:
@@ -242,7 +243,7 @@ def flower_history_table(_: dict[str, Any]) -> str:
                       ("cpu_s", "CPU time"), ("peak_mb", "peak memory"), ("accuracy", "accuracy")):
         rows.append(f"| {what} | " + " | ".join(f"{f['median']['p2pfed'][key] / f['median']['flower'][key]:.2f}"
                                                 for f, _ in steps) + " |")
-    memory = ["| process (count) | " + " | ".join(what for _, what in steps) + " | Flower (beside the first after) |",
+    memory = ["| process (count) | " + " | ".join(what for _, what in steps) + " | Flower (beside today's) |",
               "|---|" + "---:|" * (len(steps) + 1)]
     kinds = list(dict.fromkeys(k for f, _ in steps for k in f["runs"][0]["processes"]))
     for kind in kinds:
@@ -251,7 +252,7 @@ def flower_history_table(_: dict[str, Any]) -> str:
             p = f["runs"][0]["processes"].get(kind)
             cells.append(f"{p['peak_mb']:.0f} MB ({p['count']})" if p else "–")
         memory.append(f"| {kind} | " + " | ".join(cells) + " | |")
-    flower = next(r for r in steps[1][0]["runs"] if r["side"] == "flower")
+    flower = next(r for r in steps[-1][0]["runs"] if r["side"] == "flower")
     for kind, p in flower["processes"].items():
         memory.append(f"| {kind} |" + " |" * len(steps) + f" {p['peak_mb']:.0f} MB ({p['count']}) |")
     said = "What the memory went to (each process at its own peak, proportional set size):"
