@@ -219,14 +219,19 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS, *, check_fini
         raise WireError(f"{len(specs)} tensor specs but {len(frames) - 1} tensor frames")
     tensors: dict[str, torch.Tensor] = {}
     total = memoryview(frames[0]).nbytes
-    for spec, frame in zip(specs, frames[1:], strict=True):
-        name, tensor = _decode_tensor(spec, frame, limits, check_finite)
-        if name in tensors:
-            raise WireError(f"tensor {clip(name, 80)} appears twice")
-        total += tensor.numel() * tensor.element_size()
-        if total > limits.max_message_bytes:
-            raise WireError(f"message exceeds {limits.max_message_bytes} bytes")
-        tensors[name] = tensor
+    with warnings.catch_warnings():
+        # Received frames are read-only buffers owned by this message alone; a tensor is a view of its frame
+        # (zero copy), and torch warns of the read-only buffer. Nothing else reads the frame, so in-place use of
+        # the tensor is safe. (Once a message, not once a tensor: the filter costs some microseconds a time.)
+        warnings.simplefilter("ignore", UserWarning)
+        for spec, frame in zip(specs, frames[1:], strict=True):
+            name, tensor = _decode_tensor(spec, frame, limits, check_finite)
+            if name in tensors:
+                raise WireError(f"tensor {clip(name, 80)} appears twice")
+            total += tensor.numel() * tensor.element_size()
+            if total > limits.max_message_bytes:
+                raise WireError(f"message exceeds {limits.max_message_bytes} bytes")
+            tensors[name] = tensor
     return Message(type=mtype, sender=sender, mesh=mesh, round=rnd, id=msg_id, body=body, tensors=tensors)
 
 
@@ -261,12 +266,8 @@ def _decode_tensor(spec: Any, frame: Any, limits: Limits, check_finite: bool) ->
     if nbytes == 0:
         tensor = torch.empty(shape, dtype=dtype)
     else:
-        raw = np.frombuffer(buf.cast("B"), dtype=np.uint8)
-        with warnings.catch_warnings():
-            # Received frames are read-only buffers owned by this message alone; the tensor is a view of
-            # them (zero copy). Nothing else reads the frame, so in-place use of the tensor is safe.
-            warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.from_numpy(raw).view(dtype).reshape(shape)
+        # (a view of the read-only frame: decode holds torch's warning of it off)
+        tensor = torch.from_numpy(np.frombuffer(buf.cast("B"), dtype=np.uint8)).view(dtype).reshape(shape)
     if check_finite and tensor.is_floating_point() and numel and not _all_finite(tensor):
         raise WireError(f"tensor {clip(name, 80)} holds NaN or Inf")
     return name, tensor
@@ -280,7 +281,7 @@ def _all_finite(t: torch.Tensor) -> bool:
     finite (a bad value, or an overflow of huge finite values) is the exact elementwise test run.
     """
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-    if bool(torch.isfinite(torch.sum(t, dtype=acc))):
+    if math.isfinite(torch.sum(t, dtype=acc).item()):  # (item and math: one torch call a tensor, not three)
         return True
     return bool(torch.isfinite(t).all())
 
