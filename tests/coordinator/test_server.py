@@ -33,6 +33,7 @@ def coordinator_records(out: Path, method: str) -> list[dict]:
     return [json.loads(line) for line in (out / method / "coordinator.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 30 rounds of 9 nodes (35 s under coverage on 2 cores); CI runs the slow tests too
 def test_pfedlia_central_clusters_places_a_late_joiner_and_a_crash_does_not_stall_a_round(tmp_path: Path) -> None:
     scenario = load_scenario(write(tmp_path, methods='["pfedlia-central"]', events=LATE_AND_CRASH))
     out = tmp_path / "run"

@@ -1,5 +1,5 @@
-"""Every method on one partition over real sockets (scenarios/compare-digits.toml, as a user runs it):
-each beats chance, and pFedLIA with a center finds the true clusters without being told how many."""
+"""The shipped comparison (scenarios/compare-digits.toml, as a user runs it) over real sockets: each of its methods
+beats chance, and pFedLIA with a center finds the true clusters without being told how many."""
 
 from __future__ import annotations
 
@@ -11,18 +11,25 @@ import pytest
 from p2pfed.launch.runner import run_scenario
 from p2pfed.methods import METHODS
 from p2pfed.scenario.config import load_scenario
+from tests.methods.test_collaboration import LEARNED_HERE
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "compare-digits.toml"
 # The Table I methods of pFedLIA (Rokvic et al. 2025) and the coordinated baselines (CAM has its own test:
 # tests/methods/test_cam.py)
 ISSUE_4 = ("oracle", "local", "fedavg", "fedprox", "fesem", "ifca", "cfl", "pfedlia-central", "pfedlia-p2p")
+# What this test's own checks read, and pFedLIA's two forms, run here whatever other tests run
+OWN = ("oracle", "local", "fedavg", "pfedlia-central", "pfedlia-p2p")
 
 
-@pytest.mark.slow  # 5 to 12 minutes (coverage, a loaded machine); CI runs the slow tests too
-@pytest.mark.timeout(1800)  # all 34 methods one after another (about 6 minutes without coverage on 2 cores)
+@pytest.mark.slow  # 5 to 8 minutes (coverage, a loaded machine); CI runs the slow tests too
+@pytest.mark.timeout(1800)
 def test_every_method_beats_chance_and_pfedlia_central_recovers_the_clusters(tmp_path: Path) -> None:
     scenario = load_scenario(SCENARIO)
     assert set(ISSUE_4) <= set(scenario.methods) <= set(METHODS)
+    # All 34 methods one after another took 17 minutes under coverage on 2 cores, a third of CI's hour. Those that
+    # tests/methods/test_collaboration.py already holds to a bar above local training are left out here: a method
+    # added to the scenario and learned nowhere else still runs here.
+    scenario.methods = [m for m in scenario.methods if m in OWN or m not in LEARNED_HERE]
     run_scenario(scenario, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())["methods"]
     chance = 1 / 10

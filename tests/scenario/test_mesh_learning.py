@@ -132,6 +132,9 @@ def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(
         assert (out / png).stat().st_size > 1000
 
 
+# slow: 8 node processes and a coordinator, each a Python importing torch (45 s under coverage on 2 cores). The
+# default run stays within its 10 minutes; CI runs the slow tests too.
+@pytest.mark.slow
 def test_one_process_per_node_set_overrides_and_the_report_command(tmp_path: Path) -> None:
     path = write(tmp_path, methods='["oracle", "local"]', processes="true")
     shrink(path, nodes=4, clusters=2, rounds=4)
@@ -212,6 +215,7 @@ def test_run_json_says_what_the_nodes_said_they_trained_on(tmp_path: Path, monke
     assert devices_said(tmp_path / "nothing") is None
 
 
+@pytest.mark.slow  # two p2pfed runs and a report, each a Python importing torch (30 s under coverage)
 def test_a_run_over_seeds_reports_mean_and_sd_and_resumes_without_running_again(tmp_path: Path) -> None:
     path = write(tmp_path, methods='["oracle", "local"]')
     shrink(path, nodes=4, clusters=2, rounds=3)
