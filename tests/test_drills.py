@@ -24,12 +24,13 @@ from tests.netns import network
 
 pytestmark = pytest.mark.multihost
 
-SCENARIO = """
+ROUNDS = 200
+SCENARIO = f"""
 [scenario]
 name = "drill"
 seed = 0
 nodes = 8
-rounds = 200
+rounds = {ROUNDS}
 methods = ["pfedlia-p2p"]
 [data]
 dataset = "digits"
@@ -53,7 +54,8 @@ heartbeat = 0.5
 # and the link is back by round 120 or so, some 80 rounds (over 30 s) before the end; measured here, node 4
 # trained with the other side again within 2 s of the link's return.
 SEND_DELAY = 0.4
-CUT = 30.0  # seconds host 3 is cut off: the first 10 are left for the others to notice
+CUT = 30.0  # seconds host 3 is cut off
+NOTICE = 10.0  # of those, the first seconds left for either side to notice the other gone
 HOST_OF = {i: 1 + i // 2 for i in range(8)}  # nodes 0,1 on host 1 (with the bootstrap), 2,3 on host 2, ...
 
 
@@ -122,12 +124,12 @@ def test_a_mesh_learns_through_a_capped_link_killed_members_and_a_healed_partiti
             stop(*procs.values())
     for i in range(8):
         mine = records(out, i)
-        assert mine[-1]["event"] == "final" and mine[-1]["round"] == 199, f"n{i} did not finish the run"
+        assert mine[-1]["event"] == "final" and mine[-1]["round"] == ROUNDS - 1, f"n{i} did not finish the run"
         assert mine[-1]["accuracy"] > 0.7, (i, mine[-1]["accuracy"])
     for i in (2, 3):
         assert "resumed from its checkpoint" in (tmp_path / f"n{i}.log").read_text()
         assert len([r for r in records(out, i) if r["event"] == "choice"]) == 1  # its choice came back with it
     # the cut-off side went on alone, then trained with the others again once its link returned
-    cut = [r for r in records(out, 4) if r["event"] == "round" and cut_at + 10 < r["time"] < healed_at]
+    cut = [r for r in records(out, 4) if r["event"] == "round" and cut_at + NOTICE < r["time"] < healed_at]
     assert cut and max(r["received"] for r in cut) <= 1  # only node 5, on its own host, was heard
     assert any(r["received"] >= 2 for r in rounds_of(out, 4, after=healed_at))  # and it healed (waited for above)
