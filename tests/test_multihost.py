@@ -7,12 +7,14 @@ the other hosts. Needs root and iproute2 (CI has both).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -200,6 +202,26 @@ def ray_cluster(net: Network, tmp_path: Path, hidden: Path) -> Iterator[dict[str
         yield env
     finally:
         stop(*procs)
+        end_ray_processes({net.addr(h) for h in (1, 2, 3)})
+
+
+def end_ray_processes(addresses: set[str]) -> None:
+    """`ray start --block` stops its cluster's processes as it exits, but they run in sessions of their own and may
+    outlive it: seen in CI, the next test's `ray start --head` at the same address refused ("already running") and
+    that test waited out its 120 s. Wait for them, then kill those left."""
+
+    def left() -> list[int]:
+        found = subprocess.run(["pgrep", "-a", "-f", "gcs_server|raylet|ray/dashboard|log_monitor|monitor.py"],
+                               capture_output=True, text=True).stdout.splitlines()
+        return [int(line.split()[0]) for line in found if any(a in line for a in addresses)]
+
+    deadline = time.monotonic() + 30
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not left(), 30, "the Ray processes of the cluster to exit")
 
 
 def finals_in(folder: Path, pattern: str) -> dict[str, dict[str, Any]]:
