@@ -43,10 +43,10 @@ DEFAULTS = {
     # sample and all_pairs_up_to: new (scoring a sample in a mesh of more than 100, beyond the paper)
     "pfedlia-p2p": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
                     "selection": "ours", "confidence": 0.9, "window": 3, "margin": 0.1, "probe_every": 4,
-                    "fallback": True, "sample": 16, "all_pairs_up_to": 100},
+                    "fallback": True, "start": "partials", "sample": 16, "all_pairs_up_to": 100},
     "pfedlia-p2p-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "gap": 0.8,
                           "selection": "paper", "confidence": 0.0, "window": 0, "margin": 0.1, "probe_every": 0,
-                          "fallback": False, "sample": 0, "all_pairs_up_to": 100},
+                          "fallback": False, "start": "w0", "sample": 0, "all_pairs_up_to": 100},
     "pfedlia-central": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05, "optics": "ours",
                         "optics_min_samples": 3, "optics_xi": 0.05, "lia_timeout": 300.0},
     "pfedlia-central-paper": {"warmup_rounds": 5, "lia_epochs": 20, "lia_batch": 100, "lia_lr": 0.05,
@@ -135,6 +135,10 @@ def test_a_paper_form_takes_its_base_methods_table_but_the_rule(tmp_path: Path) 
         load_checked(path, ["methods.pfedlia-p2p.lia_batch=0"])
     with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p-paper\.selection must be one of ours, paper"):
         load_checked(path, ["methods.pfedlia-p2p-paper.selection=best"])
+    with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p\.start must be one of partials, w0 \(got 'mean'\)"):
+        load_checked(path, ["methods.pfedlia-p2p.start='mean'"])
+    assert options_of("pfedlia-p2p", scenario).start == "partials"
+    assert options_of("pfedlia-p2p-paper", scenario).start == "w0"
     # ... also when the value does not fit the run, and the base method does not run
     with pytest.raises(ConfigError, match=r"methods\.pfedlia-p2p\.warmup_rounds \(5\) must be in \[0, scenario"):
         load_checked(path, ["methods.pfedlia-p2p.warmup_rounds=5", "scenario.methods=['pfedlia-p2p-paper']"])

@@ -12,6 +12,7 @@ from p2pfed.methods.options import MethodOptions, below_rounds
 from p2pfed.scenario.config import Scenario
 
 OPTICS_RULES = ("ours", "paper")
+STARTS = ("partials", "w0")  # what pfedlia-p2p's cluster rounds start from (P2POptions.start)
 _PHASE = ("warmup_rounds", "lia_epochs", "lia_batch", "lia_lr")
 
 
@@ -52,6 +53,10 @@ class P2POptions(InfluenceOptions):
     margin: float = 0.1
     probe_every: int = 4  # rounds between probes of a peer the node has not chosen (a late joiner first); 0: none
     fallback: bool = True  # keep a local track and go back to it when collaboration does worse
+    # what the cluster rounds start from: "partials", the mean of the node's own partial model and its chosen
+    # peers' (its local track: its own partial), unless it does worse than w0 on the validation split in the
+    # loss and the errors both; "w0", the paper's
+    start: str = "partials"
     # in a mesh of more than all_pairs_up_to members, a node scores about this many peers drawn at random in the
     # influence phase, then each round up to as many more, those its chosen peers chose first, up to 4 times
     # this many in all (p2p.py; beyond the paper); 0: all pairs whatever the mesh's size, as the paper does
@@ -73,6 +78,8 @@ class P2POptions(InfluenceOptions):
         if self.window == 0 and (self.probe_every or self.fallback):
             raise ConfigError(f"{where}probe_every and fallback need evidence over rounds: set window >= 1, or "
                               "probe_every = 0 and fallback = false")
+        if self.start not in STARTS:
+            raise ConfigError(f"{where}start must be one of {', '.join(STARTS)} (got {self.start!r})")
         if self.selection not in SELECTION_RULES:
             raise ConfigError(f"{where}selection must be one of {', '.join(SELECTION_RULES)} (got "
                               f"{self.selection!r})")
@@ -91,10 +98,11 @@ class PaperP2POptions(P2POptions):
     window: int = 0  # the paper chooses once
     probe_every: int = 0
     fallback: bool = False
+    start: str = "w0"
     sample: int = 0  # the paper scores every peer
     base: ClassVar[str] = "pfedlia-p2p"
     own: ClassVar[frozenset[str]] = frozenset({"selection", "confidence", "window", "margin", "probe_every",
-                                               "fallback", "sample"})
+                                               "fallback", "start", "sample"})
 
 
 @dataclass(frozen=True)

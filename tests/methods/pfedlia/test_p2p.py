@@ -31,6 +31,9 @@ class FakeNode:
         self.loaded: dict[str, torch.Tensor] | None = None
         self.trained_partial = 0
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
+        # what begin's look at the validation split says of w0, the mean of the choice's partial models and its
+        # own partial model: mean losses and errors (the partials worse in both: it goes on from w0)
+        self.start_judged = ([1.0, 2.0, 2.0], [0, 1, 1])
 
     def live_peers(self) -> list[str]:
         return sorted(self.peers)
@@ -77,6 +80,9 @@ class FakeNode:
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         self.loaded = state
+
+    async def on_validation(self, judge: Any) -> Any:
+        return self.start_judged
 
     def new_model(self, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
         return torch.nn.Linear(1, 1)  # the local track: not trained here
@@ -166,6 +172,80 @@ async def test_a_late_joiner_that_cannot_fetch_w0_trains_alone() -> None:
     await method.before_round(5)
     assert method.chosen == set() and method.sources(6) == set()
     assert node.loaded is None and node.trained_partial == 0 and node.announced == []
+
+
+class Scaled(torch.nn.Module):
+    """Two logits, x scaled by w: the shape of FakeNode's states ({"w": two numbers})."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+# Validation splits for a Scaled model at w = (t, t): w0 is t = 0 (it predicts class 0 everywhere: a tie), the
+# mean of the choice's partials t = 2/3, the node's own partial t = 1. On (1, -1) labelled 0 the loss falls as t
+# grows; on (-c, c) labelled 0 it rises, and every t > 0 misclassifies it; on (-1, 1) labelled 1 it falls, and
+# only t = 0 misclassifies it.
+SPLITS = {"both": ([[1.0, -1.0]] * 4, [0] * 4),  # better in the loss, as good in the errors
+          "neither": ([[-1.0, 1.0]] * 4, [0] * 4),  # worse in both
+          # the loss falls to t of about 0.4, then rises past w0's before t = 1; one error more for any t > 0
+          "mean only": ([[1.0, -1.0]] * 3 + [[-1.2, 1.2]], [0, 0, 0, 0]),
+          # a sure mistake costs more than w0's two unsure ones: worse in the loss, better in the errors
+          "sure mistakes": ([[-1.0, 1.0]] * 2 + [[-3.0, 3.0]], [1, 1, 0])}
+
+
+class Validating(FakeNode):
+    """A FakeNode whose look at its validation split is real: judged with a Scaled model (SPLITS)."""
+
+    def __init__(self, split: str, keeps: dict[str, set[str]] | None = None) -> None:
+        super().__init__("me", list(SCORES), SCORES, keeps or {})
+        self.x_val, self.y_val = torch.tensor(SPLITS[split][0]), torch.tensor(SPLITS[split][1])
+        self.tracks: list[torch.nn.Module] = []
+
+    async def on_validation(self, judge: Any) -> Any:
+        return judge(Scaled(), self.x_val, self.y_val, torch.device("cpu"), CLASSIFICATION)
+
+    def new_model(self, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        self.tracks.append(Scaled())  # (FakeNode's model is w0: w = (0, 0), as Scaled starts)
+        return self.tracks[-1]
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+async def test_the_cluster_rounds_start_from_the_mean_of_the_choices_partial_models_where_it_does_better_than_w0(
+        split: str) -> None:
+    node = Validating(split)  # its own partial w = (1, 1); the peers' a: (0, 0), b: (1, 1); w0: (0, 0)
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=2))
+    await method.before_round(2)
+    assert method.chosen == {"a", "b"} and len(node.tracks) == 1
+    start, track = dict(node.records)["start"], node.tracks[0].w.tolist()
+    if split != "neither":  # the mean of its own (1, 1), a's and b's is not worse than w0 (0, 0): it starts there
+        assert node.loaded is not None and node.loaded["w"].tolist() == pytest.approx([2 / 3, 2 / 3])
+        assert start["partials"] == 3
+        assert (start["loss"] < start["w0_loss"]) == (split != "sure mistakes")
+        assert (start["errors"] < start["w0_errors"]) == (split == "sure mistakes")
+    else:  # the partials do worse than w0 on its validation split, in the loss and the errors: it keeps w0
+        assert node.loaded is None and start["partials"] == 0
+        assert start["loss"] > start["w0_loss"] and start["errors"] > start["w0_errors"]
+    # the local track: from its own partial model unless that does worse than w0 in both
+    assert track == ([0.0, 0.0] if split in ("neither", "mean only") else [1.0, 1.0])
+    assert start["local"] == (track == [1.0, 1.0])
+    paper = Validating("both")
+    await PFedLIAP2PPaper(paper, PaperP2POptions(warmup_rounds=2)).before_round(2)
+    assert paper.loaded is None and "start" not in dict(paper.records)  # the paper's: every node goes on from w0
+
+
+async def test_a_late_joiner_starts_from_the_mean_of_the_partial_models_it_fetched_and_chose() -> None:
+    keeps = {p: {"w0", "partial"} for p in SCORES}  # every peer keeps w0 and a partial, w = (0, 0)
+    node = Validating("both", keeps)
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=2))
+    await method.before_round(7)
+    assert method.chosen == {"a", "b"} and node.fetched[0] == ("a", "w0")
+    # w0 loaded first, then the mean of its own partial (1, 1) and a's and b's (0, 0)
+    assert node.loaded is not None and node.loaded["w"].tolist() == pytest.approx([1 / 3, 1 / 3])
+    assert dict(node.records)["start"]["partials"] == 3
 
 
 async def test_the_lazy_influence_of_partial_models_is_scored_from_the_kept_w0_on_the_nodes_validation_split(
