@@ -86,7 +86,7 @@ from torch import nn
 from p2pfed.influence.evidence import Estimate, Window, estimate, paired_differences
 from p2pfed.influence.lazy_influence import sample_losses, sample_losses_and_errors, score_peers
 from p2pfed.influence.selection import select_peers
-from p2pfed.learn.train import state_of
+from p2pfed.learn.train import state_of, weighted_average
 from p2pfed.methods.base import Method, PeerContext, group_average, shared_number, shared_rng
 from p2pfed.methods.pfedlia.options import P2POptions, PaperP2POptions
 from p2pfed.wire import ModelIn
@@ -360,7 +360,7 @@ class PFedLIAP2P(Method):
             return  # the paper's: every node goes on from w0
         w0 = self.node.current_state()
         mates = [partials[p] for p in sorted(self.chosen or ()) if p in partials]
-        start = mean_state([own, *mates])
+        start = weighted_average([own, *mates], [1.0] * (len(mates) + 1))
 
         def judge(model: nn.Module, x_val: torch.Tensor, y_val: torch.Tensor, device: torch.device,
                   task: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -887,20 +887,6 @@ class PFedLIAP2P(Method):
         self.alone = bool(state.get("alone", False))
         if self.chosen is not None:
             self.start_local()
-
-
-def mean_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The unweighted mean of states (integer buffers: the first's)."""
-    out = {}
-    for k, v in states[0].items():
-        if not v.is_floating_point():
-            out[k] = v.clone()
-            continue
-        total = v.to(torch.float32)
-        for s in states[1:]:
-            total = total + s[k].to(torch.float32)
-        out[k] = (total / len(states)).to(v.dtype)
-    return out
 
 
 def corrected(confidence: float, tests: int) -> float:
