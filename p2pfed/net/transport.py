@@ -343,6 +343,9 @@ class Transport:
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(DeliveryError("transport closed"))
+                # Read here once: a request still sending never awaits its reply's future, and asyncio would log
+                # the failure as never retrieved. A request that awaits it still gets it.
+                fut.exception()
         for task in [*self.tasks, *self.dealer_tasks.values(), *self.handling]:
             task.cancel()
         # Sockets first, then their monitors: a monitor closed while its socket lives blocks libzmq's I/O thread

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import resource
@@ -104,6 +105,23 @@ async def test_closing_a_transport_fails_the_requests_it_still_waits_for(transpo
     with pytest.raises(DeliveryError) as closed:
         await asyncio.wait_for(pending, 2)
     assert str(closed.value) == "transport closed"
+
+
+async def test_a_request_still_sending_as_its_transport_closes_leaves_no_unread_failure_behind(
+        transports: Make, caplog: pytest.LogCaptureFixture) -> None:
+    # Seen at the end of a run: "Future exception was never retrieved ... DeliveryError('transport closed')". A
+    # request still sending (its peer gone) never awaits its reply's future, which close fails all the same.
+    sender = transports("a")
+    pending = asyncio.create_task(sender.request("tcp://127.0.0.1:1", model(), timeout=5))
+    deadline = asyncio.get_running_loop().time() + 5
+    while not sender.in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)  # nothing listens there: the send waits for a connection
+    await sender.close()
+    with pytest.raises(DeliveryError, match="connection closed while sending"):
+        await asyncio.wait_for(pending, 2)
+    del pending
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 async def test_refused_content_is_reported_to_the_sender(transports: Make) -> None:
