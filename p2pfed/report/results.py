@@ -15,7 +15,9 @@ least one); worst5_accuracy the mean of the 5 worst nodes (Li et al. 2022's "bot
 best5_rounds_micro_accuracy the mean of the 5 best evaluation rounds' micro accuracy (Li et al. 2022 report it, as
 accuracy swings from round to round); loss the mean of the nodes' test loss (per token for next-token prediction,
 where perplexity is its exp); ari the adjusted Rand index between the true clusters and the discovered ones
-(connected groups of mutual choices), for methods that discover clusters; own_cluster_peers, beside it for methods
+(connected groups of mutual choices, each node's last choice), for methods that discover clusters;
+first_choice_ari the same over each node's first choice, for methods whose nodes choose their peers (a node that
+later falls back to training alone lowers the ARI, not this); own_cluster_peers, beside it for methods
 whose nodes choose their peers, the share of chosen peers that are of the choosing node's true cluster (a choice
 one way across clusters, which the groups of mutual choices and so the ARI do not show); server_test_accuracy, with
 data.server_test and a method that serves one model, is Ye et al. 2023's figure: that model's accuracy on the
@@ -66,8 +68,12 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     losses = [v["loss"] for v in honest.values() if v and not math.isnan(v.get("loss", math.nan))]
     loss = float(np.mean(losses)) if losses else None
     k = max(1, math.ceil(0.05 * len(accs)))
-    choices = {r["node"]: r["chosen"] for r in records if r["event"] in CHOICE}
-    ari = nmi = None
+    choices = {r["node"]: r["chosen"] for r in records if r["event"] in CHOICE}  # each node's last choice
+    first: dict[str, list[str]] = {}
+    for r in records:
+        if r["event"] in CHOICE:
+            first.setdefault(r["node"], r["chosen"])
+    ari = nmi = first_ari = None
     names = partition["nodes"]
     true = dict(zip(names, partition["true_cluster"], strict=True))
     found: dict[str, int] = {}
@@ -79,6 +85,10 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         members = sorted(n for n in found if n in true)
         ari = float(adjusted_rand_score([true[n] for n in members], [found[n] for n in members]))
         nmi = float(normalized_mutual_info_score([true[n] for n in members], [found[n] for n in members]))
+    if first and any(c >= 0 for c in true.values()):
+        grouped_first = mutual_clusters(first)
+        members = sorted(n for n in grouped_first if n in true)
+        first_ari = float(adjusted_rand_score([true[n] for n in members], [grouped_first[n] for n in members]))
     # Only where nodes choose their peers (no choices, no pairs: None for methods whose nodes choose nobody, and the
     # coordinated methods), unlike the ARI: a coordinator's grouping has no one-way choice to hide, every node
     # averages with its whole group and the ARI already sees each one placed wrong. As for the ARI, the true
@@ -101,6 +111,9 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         "loss": loss,
         "perplexity": math.exp(loss) if loss is not None and partition.get("task") == "next-token" else None,
         "ari": ari,
+        # the same index over each node's first choice, before any drop, fallback or choice made again: whether the
+        # scores found the clusters, where the ARI above says who trained together in the end
+        "first_choice_ari": first_ari,
         "nmi": nmi,
         "own_cluster_peers": own,
         "bytes_sent": bytes_sent,

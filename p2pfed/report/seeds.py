@@ -11,7 +11,8 @@ summary.json of a seeds folder::
                               "<metric>": {"mean": float, "sd": float | null, "values": [float | null]}, ...}}}
 
 for each metric of a seed's summary.json that is a number (accuracy, micro_accuracy, bottom5_accuracy,
-server_test_accuracy, macro_f1, loss, perplexity, ari, nmi, own_cluster_peers, bytes_sent, seconds); values are in
+server_test_accuracy, macro_f1, loss, perplexity, ari, first_choice_ari, nmi, own_cluster_peers, bytes_sent,
+seconds); values are in
 the order of the method's seeds (null where a seed has no value, e.g. no ARI), mean and sd over the known ones. sd
 is the sample standard deviation (n − 1 in the denominator: the seeds are a sample of the runs one could make;
 Rokvic et al. 2025 do not say which they used), null with one value. A method counts only the seeds that ran it to
@@ -36,8 +37,8 @@ from p2pfed.report.results import failed_members, line_style, write_report
 from p2pfed.scenario.config import Scenario, load_scenario
 
 METRICS = ("accuracy", "micro_accuracy", "bottom5_accuracy", "worst5_accuracy", "best5_rounds_micro_accuracy",
-           "server_test_accuracy", "macro_f1", "loss", "perplexity", "ari", "nmi", "own_cluster_peers",
-           "bytes_sent", "seconds")
+           "server_test_accuracy", "macro_f1", "loss", "perplexity", "ari", "first_choice_ari", "nmi",
+           "own_cluster_peers", "bytes_sent", "seconds")
 
 
 def seed_folder(run_dir: Path, seed: int) -> Path:

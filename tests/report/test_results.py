@@ -44,6 +44,21 @@ def test_a_method_whose_nodes_choose_their_peers_is_clustered_by_their_mutual_ch
     assert summary["adversaries"] == {"n03": {"kind": "noise-model", "excluded_by": 0.0}}  # n02 chose it
 
 
+def test_a_node_that_later_chooses_nobody_lowers_the_ari_but_not_that_of_the_first_choices(tmp_path: Path) -> None:
+    chosen = {"n00": ["n01"], "n01": ["n00"], "n02": ["n03"], "n03": ["n02"]}
+    records = {n: [("choice", {"chosen": chosen[n]}), final(0.9)] for n in NODES}
+    for n in ("n00", "n01"):  # both fall back to training alone
+        records[n].insert(1, ("choice", {"chosen": []}))
+    summary = summarize_method(run_folder(tmp_path, "pfedlia-p2p", records), PARTITION)
+    assert summary["first_choice_ari"] == 1.0
+    assert summary["ari"] == pytest.approx(0.5714285714285715)  # n00 and n01 apart: {n00}, {n01}, {n02, n03}
+
+
+def test_a_method_whose_nodes_choose_nobody_has_no_first_choice_ari(tmp_path: Path) -> None:
+    summary = summarize_method(run_folder(tmp_path, "plain", {n: [final(0.9)] for n in NODES}), PARTITION)
+    assert summary["first_choice_ari"] is None
+
+
 def test_a_clustered_method_is_judged_by_the_coordinators_last_assignment(tmp_path: Path) -> None:
     assignment = {"n00": 0, "n01": 0, "n02": 1, "n03": 2}
     folder = run_folder(tmp_path, "another-method", {
