@@ -68,10 +68,11 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
     losses = [v["loss"] for v in honest.values() if v and not math.isnan(v.get("loss", math.nan))]
     loss = float(np.mean(losses)) if losses else None
     k = max(1, math.ceil(0.05 * len(accs)))
-    choices = {r["node"]: r["chosen"] for r in records if r["event"] in CHOICE}  # each node's last choice
-    first: dict[str, list[str]] = {}
+    choices: dict[str, list[str]] = {}  # each node's last choice
+    first: dict[str, list[str]] = {}  # and its first
     for r in records:
         if r["event"] in CHOICE:
+            choices[r["node"]] = r["chosen"]
             first.setdefault(r["node"], r["chosen"])
     ari = nmi = first_ari = None
     names = partition["nodes"]
@@ -81,19 +82,22 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         found = mutual_clusters(choices)
     elif grouped := [r for r in coordinator if "assignment" in r]:  # the coordinator's last grouping
         found = {n: int(g) for n, g in grouped[-1]["assignment"].items()}
-    if found and any(c >= 0 for c in true.values()):
-        members = sorted(n for n in found if n in true)
-        ari = float(adjusted_rand_score([true[n] for n in members], [found[n] for n in members]))
-        nmi = float(normalized_mutual_info_score([true[n] for n in members], [found[n] for n in members]))
-    if first and any(c >= 0 for c in true.values()):
-        grouped_first = mutual_clusters(first)
-        members = sorted(n for n in grouped_first if n in true)
-        first_ari = float(adjusted_rand_score([true[n] for n in members], [grouped_first[n] for n in members]))
+    known = any(c >= 0 for c in true.values())
+
+    def against_true(grouped: dict[str, int]) -> tuple[list[int], list[int]]:
+        members = sorted(n for n in grouped if n in true)
+        return [true[n] for n in members], [grouped[n] for n in members]
+
+    if found and known:
+        ari = float(adjusted_rand_score(*against_true(found)))
+        nmi = float(normalized_mutual_info_score(*against_true(found)))
+    if first and known:
+        first_ari = float(adjusted_rand_score(*against_true(mutual_clusters(first))))
     # Only where nodes choose their peers (no choices, no pairs: None for methods whose nodes choose nobody, and the
     # coordinated methods), unlike the ARI: a coordinator's grouping has no one-way choice to hide, every node
     # averages with its whole group and the ARI already sees each one placed wrong. As for the ARI, the true
     # clusters must be known.
-    own = _own_cluster_peers(choices, true, set(adversaries)) if any(c >= 0 for c in true.values()) else None
+    own = _own_cluster_peers(choices, true, set(adversaries)) if known else None
     excluded = {adv: _excluded_by(adv, choices, found, [n for n in honest if true.get(n, -1) == true.get(adv, -2)])
                 for adv in adversaries}
     best = _best_served(coordinator)
