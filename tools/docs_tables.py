@@ -297,19 +297,22 @@ def scale_table(figures: dict[str, Any]) -> str:
     """benchmarks/scale.py: one scenario grown from the smallest N to 1,000 nodes, a row a size."""
     rows = ["| N | finished | ARI | accuracy % | wall s | × smallest | CPU s | peak MiB | × smallest | "
             "MB sent / node | × smallest | membership msgs / node / s | × smallest | sockets, busiest process | "
-            "× smallest |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "× smallest | suspect / node | refuted / node |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(figures["rows"], key=lambda r: r["nodes"]):
         if "failed" in r:
-            rows.append(f"| {r['nodes']} | failed: {r['failed']} |" + " |" * 13)
+            rows.append(f"| {r['nodes']} | failed: {r['failed']} |" + " |" * 15)
             continue
+        # a member taking a peer for silent, and how many of those the peer disproved (false alarms): counted over
+        # the run's logs by sweeps since the told period (docs/design.md); "–" in rows of sweeps before
+        alarms = [f"{r[key]:.2f}" if key in r else "–" for key in ("suspect_per_node", "refuted_per_node")]
         ari = f"{r['ari']:.3f}" if r["ari"] is not None else "–"
         x = r["vs_smallest"]
         rows.append(f"| {r['nodes']} | {r['finished']}/{r['nodes']} | {ari} | {100 * r['accuracy']:.2f} | "
                     f"{r['wall_s']:.0f} | {x['wall_s']:.2f} | {r['cpu_s']:.0f} | {r['peak_mb']:.0f} | "
                     f"{x['peak_mb']:.2f} | {r['mb_per_node']:.2f} | {x['mb_per_node']:.2f} | "
                     f"{r['membership_per_node_s']:.2f} | {x['membership_per_node_s']:.2f} | "
-                    f"{r['sockets_per_process']} | {x['sockets_per_process']:.2f} |")
+                    f"{r['sockets_per_process']} | {x['sockets_per_process']:.2f} | " + " | ".join(alarms) + " |")
     return "\n".join(rows)
 
 
