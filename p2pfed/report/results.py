@@ -89,8 +89,9 @@ def summarize_method(method_dir: Path, partition: dict[str, Any]) -> dict[str, A
         return [true[n] for n in members], [grouped[n] for n in members]
 
     if found and known:
-        ari = float(adjusted_rand_score(*against_true(found)))
-        nmi = float(normalized_mutual_info_score(*against_true(found)))
+        labels = against_true(found)
+        ari = float(adjusted_rand_score(*labels))
+        nmi = float(normalized_mutual_info_score(*labels))
     if first and known:
         first_ari = float(adjusted_rand_score(*against_true(mutual_clusters(first))))
     # Only where nodes choose their peers (no choices, no pairs: None for methods whose nodes choose nobody, and the
