@@ -138,6 +138,10 @@ class PeerContext(NodeContext, Protocol):
         """Whether peer name is dead or gone as far as the membership table knows (forgotten by it too, once
         met); a member not met yet is not gone."""
 
+    def peer_round(self, name: str) -> int:
+        """The latest round peer name was heard to be at: by the membership, or in its own answer that it keeps no
+        model of a kind yet (fetch); 0 if never heard."""
+
     def drawn(self, name: str, rnd: int) -> bool:
         """Whether the scenario's participation draw has node name train in round rnd (the same on every node)."""
 

@@ -80,12 +80,14 @@ class OutOfFiles(DeliveryError):
 
 class Refusal(DeliveryError):
     """The other side said no (a negative ack, or a handshake it refused): reason says why, in its words;
-    retry says it may say yes later (e.g. a restarted member whose old process is not silent yet)."""
+    retry says it may say yes later (e.g. a restarted member whose old process is not silent yet); round is the
+    round the other side said it is at (0 where it said none)."""
 
-    def __init__(self, message: str, reason: str, retry: bool = False) -> None:
+    def __init__(self, message: str, reason: str, retry: bool = False, round: int = 0) -> None:
         super().__init__(message)
         self.reason = reason
         self.retry = retry
+        self.round = round
 
 
 # What a connection's handshake failure means, for the member that tried (libzmq's monitor events).
@@ -574,7 +576,8 @@ class Transport:
                 del self.in_flight[key]
         if reply.type == "ack" and not reply.body["ok"]:
             reason = cut(reply.body["reason"])
-            raise Refusal(f"{address} refused {msg.type}: {reason}", reason, bool(reply.body.get("retry", False)))
+            raise Refusal(f"{address} refused {msg.type}: {reason}", reason, bool(reply.body.get("retry", False)),
+                          reply.round)
         return reply
 
     async def _dealer_loop(self, address: str, sock: zmq.asyncio.Socket, key: str = "") -> None:
@@ -656,12 +659,13 @@ class Transport:
         a few per host, for a bounded number of hosts."""
         remember(self.goodbyes, host, [*self.goodbyes.get(host, []), (sender, quiet)][-8:], self.options.max_dealers)
 
-    def _ack(self, ref: str, refusal: str | None = None, retry: bool = False) -> Message:
-        """The acknowledgement of request ref: a yes, or a no that says why (and whether to try again)."""
+    def _ack(self, ref: str, refusal: str | None = None, retry: bool = False, round: int = 0) -> Message:
+        """The acknowledgement of request ref: a yes, or a no that says why (and whether to try again, and the
+        round this member is at)."""
         body: dict[str, Any] = {"ref": ref, "ok": refusal is None, "reason": refusal or ""}
         if retry:
             body["retry"] = True
-        return Message("ack", self.name, mesh=self.mesh, id=ref, body=body)
+        return Message("ack", self.name, mesh=self.mesh, round=round, id=ref, body=body)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -703,7 +707,7 @@ class Transport:
             else:
                 self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender,
                                       reason)
-            reply = self._ack(msg.id, reason, retry=isinstance(exc, TryLater))
+            reply = self._ack(msg.id, reason, *((True, exc.round) if isinstance(exc, TryLater) else ()))
         except Exception as exc:
             self.refusals.emit(logging.ERROR, f"bug:{msg.sender}", "%s: handling %s from %s failed", self.name,
                                msg.type, msg.sender, exc_info=True)

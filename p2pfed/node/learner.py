@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ from p2pfed.methods import make_method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint
 from p2pfed.net.membership import ALIVE, DEAD, JOINING, LEFT, SUSPECT, Change
-from p2pfed.net.transport import DeliveryError
+from p2pfed.net.throttle import remember
+from p2pfed.net.transport import DeliveryError, Refusal
 from p2pfed.net.waits import first_of
 from p2pfed.node.conduct import Conduct
 from p2pfed.node.local import LocalNode, NodeData
@@ -50,6 +52,7 @@ START_PER_PEER = 1.0  # seconds a node waits, at most, for each peer it expects 
 # seconds between counts of the peers heard while a node waits to start, for each 100 it expects (a count reads
 # the whole table: 250 nodes of a 1,000-node mesh counting every 0.1 s spent a fifth of their process on it)
 START_POLL_PER_100 = 0.1
+MAX_SAID_ROUNDS = 4096  # peers whose "not yet" round a node keeps (the most recently heard; a table holds 1,024)
 NAMES_SHOWN = 6  # peers named in a round's line (the rest counted)
 
 
@@ -71,6 +74,8 @@ class LearningNode(LocalNode):
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
         self.known = {self.name}  # every learning member it has known of (members())
         self.arrivals = asyncio.Event()
+        # the round each peer said it was at as it answered "not yet" to a fetch (peer_round)
+        self.said_rounds: OrderedDict[str, int] = OrderedDict()
         self.send_delay = 0.0
         self.out_dir = out_dir
         endpoint.serve({"model": self._on_model, "request": self._on_request, "note": self._on_note},
@@ -91,6 +96,10 @@ class LearningNode(LocalNode):
         if peer is None:  # met once, then forgotten by the table (dead or gone long enough), or never met
             return name in self.known and name != self.name
         return peer.state in (DEAD, LEFT)
+
+    def peer_round(self, name: str) -> int:
+        peer = self.endpoint.peers.peers.get(name)
+        return max(peer.round if peer is not None else 0, self.said_rounds.get(name, 0))
 
     def drawn(self, name: str, rnd: int) -> bool:
         return participates(self.scenario.seed, name, rnd, self.cfg.participation)
@@ -159,6 +168,8 @@ class LearningNode(LocalNode):
             reply = await self.endpoint.request(peer, self.endpoint.message("request", {"kind": kind, "meta": {}}),
                                                 self.cfg.round_timeout)
         except DeliveryError as exc:
+            if isinstance(exc, Refusal) and exc.retry:  # "not yet", from the peer itself: it said its round
+                remember(self.said_rounds, peer, max(exc.round, self.said_rounds.get(peer, 0)), MAX_SAID_ROUNDS)
             log.info("%s: %s has no %s for us: %s", self.name, peer, kind, exc)
             return None
         if reply.type != "model":
@@ -231,7 +242,7 @@ class LearningNode(LocalNode):
         kind = msg.body["kind"]
         state = self.kept.get(kind)
         if state is None:  # not yet, perhaps: a peer scoring a sample asks before this node trained its partial
-            raise TryLater(f"{self.name} keeps no {kind} model", quiet=True)
+            raise TryLater(f"{self.name} keeps no {kind} model", quiet=True, round=self.round)
         return self.endpoint.message("model", {"kind": kind, "samples": self.samples, "meta": {}},
                                      self._outgoing(state))
 

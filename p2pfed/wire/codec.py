@@ -51,11 +51,14 @@ class WireError(ValueError):
 
 class TryLater(WireError):
     """A message refused for now, not for good (its sender is told it may retry). quiet: a refusal in the normal
-    course of things (a model asked for before it is kept), which the receiver logs at debug, not as a warning."""
+    course of things (a model asked for before it is kept), which the receiver logs at debug, not as a warning.
+    round: the round the refusing member is at, said in the answer's header (a peer that asks may judge by it
+    whether the member is on its way to what was asked)."""
 
-    def __init__(self, message: str, quiet: bool = False) -> None:
+    def __init__(self, message: str, quiet: bool = False, round: int = 0) -> None:
         super().__init__(message)
         self.quiet = quiet
+        self.round = round
 
 
 @dataclass(frozen=True)

@@ -386,12 +386,12 @@ async def test_acknowledgements_say_yes_or_why_not_and_whether_to_retry(transpor
     assert receiver.dropped == 4  # each refusal counted (a failing handler's bug is not a drop)
     # a refusal is a warning, but a model asked for before it is kept: the normal course of a pull
     async def keeper(msg: Message) -> Message | None:
-        raise TryLater("b keeps no partial model", quiet=True)
+        raise TryLater("b keeps no partial model", quiet=True, round=7)
 
     other = transports("c", keeper)
     with pytest.raises(Refusal) as not_yet:
         await sender.request(other.address, asked[0], timeout=5)
-    assert not_yet.value.retry
+    assert not_yet.value.retry and not_yet.value.round == 7  # the round it is at, said in the answer's header
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("not this model" in w for w in warned) and any("try again" in w for w in warned)
     assert not any("keeps no" in w for w in warned)

@@ -808,3 +808,30 @@ async def test_what_a_node_records_is_what_its_status_tells_the_dashboard(
         {"n00": 0.2, "n02": 0.1}
     check_body("status", {**n.endpoint.identity(), "address": "tcp://127.0.0.1:1", "name": "n01", "peers": [],
                           "learning": told})  # what the wire lets through
+
+
+async def test_a_peer_asked_for_a_model_it_keeps_none_of_yet_says_its_round_in_its_answer(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    """Over real sockets: n00, at round 3, keeps no partial model yet; n01 asks it, gets none, and knows from the
+    answer that n00 is at round 3, though its table still holds n00 at the round it last heard (a member of a large
+    probing mesh hears a peer it does not work with once in many minutes). pFedLIA's sampling node waits by it."""
+    asker = fedavg_node(tmp_path / "a", members)
+    s = asker.scenario
+    dataset, partition = prepare_data(s)
+    (tmp_path / "b").mkdir()
+    asked = LearningNode(s, scenario_node(s, 0, dataset, partition), "fedavg-p2p",
+                         members("n00", options=MeshOptions()), tmp_path / "b")
+    boot = members("bootstrap", "bootstrap", options=MeshOptions())
+    await boot.start("tcp://127.0.0.1:0")
+    await asked.endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
+    await asker.endpoint.start("tcp://127.0.0.1:0", [boot.ticket])
+    for _ in range(100):
+        if "n00" in asker.live_peers():
+            break
+        await asyncio.sleep(0.05)
+    assert asker.peer_round("n00") == 0
+    asked.round = 3
+    assert await asker.fetch("n00", "partial") is None
+    assert asker.peer_round("n00") == 3 and asker.endpoint.peers.peers["n00"].round < 3
+    asked.keep({"partial": asked.current_state()})
+    assert await asker.fetch("n00", "partial") is not None

@@ -55,6 +55,9 @@ more than ``all_pairs_up_to`` members a node scores a sample instead (``sample``
   a shared draw pairs it with: a pair of nodes is drawn with probability s/N, the same on both sides, so two
   nodes score each other or neither, and so choose each other when alike: clusters are groups of mutual
   choices (report/results.py).
+- A paired peer behind this node (it has not trained its partial model yet) is waited for while it moves on,
+  by the rounds it says it is at (``await_partials``); one that gives none in the phase is asked again each
+  round after.
 - It tells only the peers it names (now or before) of its choice. Whom a chosen peer chose is a recommendation
   (friends of friends, likely of the same cluster), and so is the chooser itself: it may not have been drawn
   with this node.
@@ -133,7 +136,8 @@ class PFedLIAP2P(Method):
         # scoring a sample (a mesh of more than all_pairs_up_to members; see the module's text)
         self.expanding = False  # still scoring more peers, a step each round
         self.estimates: dict[str, Estimate] = {}  # every peer scored, with its bounds
-        self.tried: set[str] = set()  # every peer whose partial model was asked for
+        self.tried: set[str] = set()  # every peer whose partial model was scored
+        self.pending: set[str] = set()  # peers asked for their partial model that gave none yet: asked each round
         self.randomly = 0  # peers drawn at random by the search after the phase
         self.recommended: dict[str, int] = {}  # a peer not scored: how many chosen peers named it
         self.added: set[str] = set()  # peers chosen by a probe: kept when the choice is made again
@@ -238,7 +242,7 @@ class PFedLIAP2P(Method):
         RECOMMENDED_KEPT the least named go (a note of made-up names fills nothing for good)."""
         known = set(self.node.members())
         for peer in peers:
-            if peer != self.node.name and peer in known and peer not in self.tried:
+            if peer != self.node.name and peer in known and peer not in self.tried and peer not in self.pending:
                 self.recommended[peer] = self.recommended.get(peer, 0) + 1
         if len(self.recommended) > RECOMMENDED_KEPT:
             kept = sorted(self.recommended.items(), key=lambda kv: -kv[1])[:RECOMMENDED_KEPT]
@@ -302,11 +306,12 @@ class PFedLIAP2P(Method):
         self.node.load_state(w0)
         partials = {}
         self.expanding = self.sampling
-        for peer in (self.paired() if self.sampling else peers):
-            self.tried.add(peer)
+        asked = self.paired() if self.sampling else sorted(peers)
+        for peer in asked:
             state = await self.node.fetch(peer, "partial")
             if state is not None:
                 partials[peer] = state
+        self.answered(asked, partials)
         partial = await self.train_partial()  # keeps w0 and this node's partial for later joiners
         scores = await self.score(partials)
         await self.choose(scores)
@@ -415,7 +420,7 @@ class PFedLIAP2P(Method):
         self.looked.update(dict.fromkeys(new, self.node.round))
         if self.sampling:
             self.since.update(dict.fromkeys(self.chosen - (before or set()), self.node.round))
-            if len(self.tried) >= SCORED_PER_SAMPLE * self.options.sample:
+            if len(self.tried) + len(self.pending) >= SCORED_PER_SAMPLE * self.options.sample:
                 self.expanding = False
         # a peer no longer chosen may have sent this round's model before it hears: taken, not refused
         self.released.update(dict.fromkeys((before or set()) - self.chosen, self.node.round))
@@ -448,11 +453,56 @@ class PFedLIAP2P(Method):
         return [p for p in self.node.live_peers() if p != me
                 and shared_number(self.node.seed, "lia-pair", *sorted((me, p))) % members < self.options.sample]
 
+    def answered(self, asked: list[str], got: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Note who of the peers asked for their partial model gave it (scored) and who did not (asked again each
+        round, until it gives it or is gone: at 1,000 nodes on one machine, 559 nodes reached the influence phase
+        before their paired peers had trained theirs, and, asked once, those peers were never scored)."""
+        self.tried.update(got)
+        self.pending = (self.pending | set(asked)) - self.tried - {self.node.name}
+
     async def fetch_partials(self, peers: list[str], patience: float) -> dict[str, dict[str, torch.Tensor]]:
         """The partial models of peers, fetched together; a peer that keeps none yet (it is still training it) is
         asked again, waiting longer each time, for up to patience seconds."""
-        self.tried.update(peers)
-        return await self.fetch_patiently(peers, "partial", patience)
+        got = await self.fetch_patiently(peers, "partial", patience)
+        self.answered(peers, got)
+        return got
+
+    async def await_partials(self, peers: list[str], rnd: int) -> dict[str, dict[str, torch.Tensor]]:
+        """The influence phase's fetch of the paired peers' partial models (a large mesh, round rnd): a live peer
+        that keeps none yet is asked again, waiting longer each time, for a round's timeout, and for a round's
+        timeout past each time it is heard to have moved on to a later round up to rnd (its answer "not yet" says
+        its round): a peer behind, on its way, is waited for; one stuck, or gone, is not. Beyond the paper: at
+        1,000 nodes on one machine the nodes reached this round up to an hour apart, and 559 of them, having waited
+        a round's timeout, chose from none of their sample. Each move counts once, so a peer that says ever later
+        rounds holds the node rnd + 1 timeouts at most."""
+        loop = asyncio.get_running_loop()
+        timeout = self.node.cfg.round_timeout
+        start = loop.time()
+        seen = {p: self.node.peer_round(p) for p in peers}
+        until = dict.fromkeys(peers, start + timeout)
+        got: dict[str, dict[str, torch.Tensor]] = {}
+        wait, waited = FETCH_RETRY[0], False
+        while True:
+            live = set(self.node.live_peers())
+            asked = [p for p in peers if p not in got and p in live and p != self.node.name and loop.time() < until[p]]
+            if not asked:
+                break
+            states = await asyncio.gather(*(self.node.fetch(p, "partial") for p in asked))
+            got.update({p: s for p, s in zip(asked, states, strict=True) if s is not None})
+            for peer in asked:
+                now = self.node.peer_round(peer)
+                if peer not in got and seen[peer] < now <= rnd:  # moved on since: on its way to this round
+                    seen[peer], until[peer] = now, loop.time() + timeout
+                    waited = True
+            if len(got) == len(peers):
+                break
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, FETCH_RETRY[1])
+        if waited:
+            log.info("%s: waited %.0f s for the partial models of paired peers behind this round (%d of %d came)",
+                     self.node.name, loop.time() - start, len(got), len(peers))
+        self.answered(peers, got)
+        return got
 
     async def fetch_patiently(self, peers: list[str], kind: str, patience: float, first: bool = False
                               ) -> dict[str, dict[str, torch.Tensor]]:
@@ -485,7 +535,7 @@ class PFedLIAP2P(Method):
         peers' partial models, score them, choose, tell the chosen."""
         partial = await self.train_partial()
         sample = self.paired()
-        partials = await self.fetch_partials(sample, self.node.cfg.round_timeout)
+        partials = await self.await_partials(sample, rnd)
         self.expanding = True  # the search goes on each round (expand)
         await self.choose(await self.score(partials))
         await self.begin(partial, partials)
@@ -494,21 +544,24 @@ class PFedLIAP2P(Method):
 
     async def expand(self, rnd: int) -> None:
         """One step of a sampling node's search: score the peers that chose it and it has not scored (so a choice
-        can be mutual), then, while it searches, up to sample peers not scored yet, the most recommended first (a
-        random draw when none is and it has chosen nobody, up to RANDOM_PER_SAMPLE·sample peers in all: a chosen
-        peer scores it back and, choosing it, names its own choice); choose again from every score."""
+        can be mutual) and the peers asked before that had no partial model then, then, while it searches, up to
+        sample peers not scored yet, the most recommended first (a random draw when none is and it has chosen
+        nobody, up to RANDOM_PER_SAMPLE·sample peers in all: a chosen peer scores it back and, choosing it, names
+        its own choice); choose again from every score."""
         assert self.chosen is not None
         live = set(self.node.live_peers())
-        callers = sorted((self.choosers & live) - self.tried)
+        callers = sorted(((self.choosers | self.pending) & live) - self.tried)
         step: list[str] = []
         if self.expanding:
             fresh = {p: n for p, n in self.recommended.items() if p in live and p not in self.tried
                      and p not in callers}
             step = sorted(fresh, key=lambda p: (-fresh[p], shared_number(self.node.seed, self.node.name, p)))
-            step = step[:min(self.options.sample, max(SCORED_PER_SAMPLE * self.options.sample - len(self.tried), 0))]
-            self.recommended = {p: n for p, n in self.recommended.items() if p not in step and p not in self.tried}
+            room = SCORED_PER_SAMPLE * self.options.sample - len(self.tried) - len(self.pending)
+            step = step[:min(self.options.sample, max(room, 0))]
+            self.recommended = {p: n for p, n in self.recommended.items()
+                                if p not in step and p not in self.tried and p not in self.pending}
             if not step and self.randomly < RANDOM_PER_SAMPLE * self.options.sample:
-                rest = sorted(live - self.tried - {self.node.name})
+                rest = sorted(live - self.tried - self.pending - {self.node.name})
                 rng = shared_rng(self.node.seed, self.node.name, "lia-step", rnd)
                 step = [rest[i] for i in sorted(rng.permutation(len(rest))[:self.options.sample])]
                 self.randomly += len(step)
@@ -854,7 +907,7 @@ class PFedLIAP2P(Method):
                 "choosers": sorted(self.choosers), "chosen_scores": self.chosen_scores,
                 "watched": dict(self.watched), "scores": self.scores, "looked": dict(self.looked),
                 "refused": dict(self.refused), "scale": self.scale, "dropped": sorted(self.dropped),
-                "expanding": self.expanding, "tried": sorted(self.tried),
+                "expanding": self.expanding, "tried": sorted(self.tried), "pending": sorted(self.pending),
                 "randomly": self.randomly,
                 "estimates": {p: [e.mean, e.lower, e.upper, e.samples] for p, e in self.estimates.items()},
                 "added": sorted(self.added), "audience": sorted(self.audience),
@@ -876,6 +929,7 @@ class PFedLIAP2P(Method):
         self.dropped = {str(p) for p in state.get("dropped", [])}
         self.expanding = bool(state.get("expanding", False))
         self.tried = {str(p) for p in state.get("tried", [])}
+        self.pending = {str(p) for p in state.get("pending", [])}
         self.randomly = int(state.get("randomly", 0))
         self.estimates = {str(p): Estimate(float(m), float(lo), float(hi), int(n))
                           for p, (m, lo, hi, n) in state.get("estimates", {}).items()}

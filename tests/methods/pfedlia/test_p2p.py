@@ -31,6 +31,7 @@ class FakeNode:
         self.loaded: dict[str, torch.Tensor] | None = None
         self.trained_partial = 0
         self.kept: dict[str, dict[str, torch.Tensor]] = {}
+        self.rounds: dict[str, int] = {}  # the round a peer was heard to be at (peer_round)
         # what begin's look at the validation split says of w0, the mean of the choice's partial models and its
         # own partial model: mean losses and errors (the partials worse in both: it goes on from w0)
         self.start_judged = ([1.0, 2.0, 2.0], [0, 1, 1])
@@ -43,6 +44,9 @@ class FakeNode:
 
     def gone(self, name: str) -> bool:
         return False
+
+    def peer_round(self, name: str) -> int:
+        return self.rounds.get(name, 0)
 
     def true_cluster_of(self, name: str) -> int:
         return -1
@@ -373,6 +377,44 @@ async def test_a_sampling_nodes_newly_chosen_peer_is_not_waited_for_in_the_round
     assert method.sampling and method.chosen and method.chosen <= set(method.paired())
     assert method.expected(0) == set() and method.expected(1) == method.chosen  # told by then
     assert node.announced == [(sorted(method.chosen), sorted(method.chosen))]  # told: only the peers it chose
+
+
+async def test_a_sampling_node_waits_for_paired_peers_behind_it_while_they_move_on_and_asks_again_later() -> None:
+    """Seen at 1,000 nodes on one machine: the nodes reached the influence phase up to an hour apart; 559 of them
+    waited a round's timeout, had none of their paired peers' partial models (each answered "keeps no partial
+    model"), chose nobody, and never asked those peers again. Here (round 2, a round's timeout of 0.4 s): "mover"
+    is at round 0 and moves on a round every 0.3 s, keeping its partial model once at round 2, 0.9 s in; "stuck"
+    stays at round 1 and keeps its partial only after the phase; "ready" has its partial already."""
+    paired = ["mover", "ready", "stuck"]
+    node = FakeNode("me", paired, dict.fromkeys(paired, 1.0), {"ready": {"partial"}})
+    node.cfg = type("Cfg", (), {"round_timeout": 0.4})()  # type: ignore[attr-defined]
+    node.drawn = lambda name, rnd: True  # type: ignore[attr-defined]
+    node.rounds = {"stuck": 1}
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=2, sample=4, all_pairs_up_to=2, probe_every=0,
+                                            fallback=False))
+    method.is_large = True
+    method.paired = lambda: paired  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+
+    def move(rnd: int) -> None:
+        node.rounds["mover"] = rnd
+        if rnd == 2:
+            node.keeps["mover"] = {"partial"}
+
+    for i in (1, 2):
+        loop.call_later(0.3 * i, move, i)
+    started = loop.time()
+    await method.before_round(2)
+    took = loop.time() - started
+    assert method.tried == {"mover", "ready"} and method.chosen == {"mover", "ready"}
+    assert method.pending == {"stuck"} and 0.6 < took < 2.5  # past one timeout (mover moved), not forever
+    node.keeps["stuck"] = {"partial"}  # it trained its partial since: asked again as the next round starts
+    await method.before_round(3)
+    assert method.tried == set(paired) and method.pending == set() and method.chosen == set(paired)
+    assert PFedLIAP2P(node, P2POptions()).pending == set()
+    again = PFedLIAP2P(node, P2POptions())
+    again.restore({**method.state(), "pending": ["stuck"]})
+    assert again.pending == {"stuck"}
 
 
 async def test_a_large_meshs_straggler_does_not_wait_for_warm_up_aggregators_that_are_gone() -> None:
