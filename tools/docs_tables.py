@@ -316,6 +316,23 @@ def scale_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def scale_wait_table(figures: dict[str, Any]) -> str:
+    """benchmarks/scale.py at 1,000 nodes once more, beside the 1,000-node row of the sweep it is compared with
+    (its "before" file): other code, another run, so the figures side by side and no ratio."""
+    before = json.loads((ROOT / figures["before"]["file"]).read_text())
+    pairs = [(figures["before"]["code"], next(r for r in before["rows"] if r["nodes"] == 1000)),
+             (figures["code"].split()[0], figures["rows"][0])]
+    rows = ["| code | finished | ARI | accuracy % | bottom-5 % | wall s | CPU s | peak MiB | MB sent / node | "
+            "rounds skipped | sockets, busiest process | suspect / node | dead / node | refuted / node |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for code, r in pairs:
+        rows.append(f"| {code} | {r['finished']}/{r['nodes']} | {r['ari']:.3f} | {100 * r['accuracy']:.2f} | "
+                    f"{100 * r['bottom5_accuracy']:.2f} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['peak_mb']:.0f} | "
+                    f"{r['mb_per_node']:.2f} | {r['rounds_skipped']} | {r['sockets_per_process']} | "
+                    f"{r['suspect_per_node']:.2f} | {r['dead_per_node']:.2f} | {r['refuted_per_node']:.2f} |")
+    return "\n".join(rows)
+
+
 def scale_against_table(figures: dict[str, Any]) -> str:
     """benchmarks/scale.py --against: each pair of runs (another checkout's, then this one's), a row a pair."""
     rows = ["| N | run | wall s | CPU s | peak MiB | suspect / node | dead / node | refuted / node | nodes finished | "
@@ -343,7 +360,7 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "ray-engine-1000.json": ray_engine_table,
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table,
-    "scale-kept-period.json": scale_against_table}
+    "scale-kept-period.json": scale_against_table, "scale-1000-wait.json": scale_wait_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:

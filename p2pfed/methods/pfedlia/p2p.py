@@ -455,8 +455,8 @@ class PFedLIAP2P(Method):
 
     def answered(self, asked: list[str], got: dict[str, dict[str, torch.Tensor]]) -> None:
         """Note who of the peers asked for their partial model gave it (scored) and who did not (asked again each
-        round, until it gives it or is gone: at 1,000 nodes on one machine, 559 nodes reached the influence phase
-        before their paired peers had trained theirs, and, asked once, those peers were never scored)."""
+        round, until it gives it or is gone: at 1,000 nodes on one machine more than half the nodes reached the
+        influence phase before their paired peers had trained theirs, and, asked once, those were never scored)."""
         self.tried.update(got)
         self.pending = (self.pending | set(asked)) - self.tried - {self.node.name}
 
@@ -472,9 +472,9 @@ class PFedLIAP2P(Method):
         that keeps none yet is asked again, waiting longer each time, for a round's timeout, and for a round's
         timeout past each time it is heard to have moved on to a later round up to rnd (its answer "not yet" says
         its round): a peer behind, on its way, is waited for; one stuck, or gone, is not. Beyond the paper: at
-        1,000 nodes on one machine the nodes reached this round up to an hour apart, and 559 of them, having waited
-        a round's timeout, chose from none of their sample. Each move counts once, so a peer that says ever later
-        rounds holds the node rnd + 1 timeouts at most."""
+        1,000 nodes on one machine the nodes reached this round up to an hour apart, and more than half of them,
+        having waited a round's timeout, chose from none of their sample. Each move counts once, so a peer that
+        says ever later rounds holds the node rnd + 1 timeouts at most."""
         loop = asyncio.get_running_loop()
         timeout = self.node.cfg.round_timeout
         start = loop.time()

@@ -380,8 +380,8 @@ async def test_a_sampling_nodes_newly_chosen_peer_is_not_waited_for_in_the_round
 
 
 async def test_a_sampling_node_waits_for_paired_peers_behind_it_while_they_move_on_and_asks_again_later() -> None:
-    """Seen at 1,000 nodes on one machine: the nodes reached the influence phase up to an hour apart; 559 of them
-    waited a round's timeout, had none of their paired peers' partial models (each answered "keeps no partial
+    """Seen at 1,000 nodes on one machine: the nodes reached the influence phase up to an hour apart; more than half
+    of them waited a round's timeout, had none of their paired peers' partial models (each answered "keeps no partial
     model"), chose nobody, and never asked those peers again. Here (round 2, a round's timeout of 0.4 s): "mover"
     is at round 0 and moves on a round every 0.3 s, keeping its partial model once at round 2, 0.9 s in; "stuck"
     stays at round 1 and keeps its partial only after the phase; "ready" has its partial already."""
