@@ -707,7 +707,8 @@ class Transport:
             else:
                 self.refusals.warning(msg.sender, "%s: refused %s from %s: %s", self.name, msg.type, msg.sender,
                                       reason)
-            reply = self._ack(msg.id, reason, *((True, exc.round) if isinstance(exc, TryLater) else ()))
+            later = exc if isinstance(exc, TryLater) else None
+            reply = self._ack(msg.id, reason, retry=later is not None, round=later.round if later else 0)
         except Exception as exc:
             self.refusals.emit(logging.ERROR, f"bug:{msg.sender}", "%s: handling %s from %s failed", self.name,
                                msg.type, msg.sender, exc_info=True)

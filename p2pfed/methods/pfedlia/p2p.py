@@ -56,8 +56,8 @@ more than ``all_pairs_up_to`` members a node scores a sample instead (``sample``
   nodes score each other or neither, and so choose each other when alike: clusters are groups of mutual
   choices (report/results.py).
 - A paired peer behind this node (it has not trained its partial model yet) is waited for while it moves on,
-  by the rounds it says it is at (``await_partials``); one that gives none in the phase is asked again each
-  round after.
+  by the rounds it says it is at (``fetch_patiently``, ``behind``); one that gives none in the phase is asked
+  again each round after.
 - It tells only the peers it names (now or before) of its choice. Whom a chosen peer chose is a recommendation
   (friends of friends, likely of the same cluster), and so is the chooser itself: it may not have been drawn
   with this node.
@@ -460,63 +460,39 @@ class PFedLIAP2P(Method):
         self.tried.update(got)
         self.pending = (self.pending | set(asked)) - self.tried - {self.node.name}
 
-    async def fetch_partials(self, peers: list[str], patience: float) -> dict[str, dict[str, torch.Tensor]]:
+    async def fetch_partials(self, peers: list[str], patience: float, behind: int | None = None
+                             ) -> dict[str, dict[str, torch.Tensor]]:
         """The partial models of peers, fetched together; a peer that keeps none yet (it is still training it) is
-        asked again, waiting longer each time, for up to patience seconds."""
-        got = await self.fetch_patiently(peers, "partial", patience)
+        asked again, waiting longer each time, for up to patience seconds (behind: see fetch_patiently)."""
+        got = await self.fetch_patiently(peers, "partial", patience, behind=behind)
         self.answered(peers, got)
         return got
 
-    async def await_partials(self, peers: list[str], rnd: int) -> dict[str, dict[str, torch.Tensor]]:
-        """The influence phase's fetch of the paired peers' partial models (a large mesh, round rnd): a live peer
-        that keeps none yet is asked again, waiting longer each time, for a round's timeout, and for a round's
-        timeout past each time it is heard to have moved on to a later round up to rnd (its answer "not yet" says
-        its round): a peer behind, on its way, is waited for; one stuck, or gone, is not. Beyond the paper: at
-        1,000 nodes on one machine the nodes reached this round up to an hour apart, and more than half of them,
-        having waited a round's timeout, chose from none of their sample. Each move counts once, so a peer that
-        says ever later rounds holds the node rnd + 1 timeouts at most."""
-        loop = asyncio.get_running_loop()
-        timeout = self.node.cfg.round_timeout
-        start = loop.time()
-        seen = {p: self.node.peer_round(p) for p in peers}
-        until = dict.fromkeys(peers, start + timeout)
-        got: dict[str, dict[str, torch.Tensor]] = {}
-        wait, waited = FETCH_RETRY[0], False
-        while True:
-            live = set(self.node.live_peers())
-            asked = [p for p in peers if p not in got and p in live and p != self.node.name and loop.time() < until[p]]
-            if not asked:
-                break
-            states = await asyncio.gather(*(self.node.fetch(p, "partial") for p in asked))
-            got.update({p: s for p, s in zip(asked, states, strict=True) if s is not None})
-            for peer in asked:
-                now = self.node.peer_round(peer)
-                if peer not in got and seen[peer] < now <= rnd:  # moved on since: on its way to this round
-                    seen[peer], until[peer] = now, loop.time() + timeout
-                    waited = True
-            if len(got) == len(peers):
-                break
-            await asyncio.sleep(wait)
-            wait = min(2 * wait, FETCH_RETRY[1])
-        if waited:
-            log.info("%s: waited %.0f s for the partial models of paired peers behind this round (%d of %d came)",
-                     self.node.name, loop.time() - start, len(got), len(peers))
-        self.answered(peers, got)
-        return got
-
-    async def fetch_patiently(self, peers: list[str], kind: str, patience: float, first: bool = False
-                              ) -> dict[str, dict[str, torch.Tensor]]:
+    async def fetch_patiently(self, peers: list[str], kind: str, patience: float, first: bool = False,
+                              behind: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """The models of kind the live ones of peers keep, asked of all together (first: of one at a time, in
         order, until one gives it); those that keep none yet are asked again, waiting longer each time, for up to
         patience seconds. (first: the peers are asked while they are not yet known alive too, as a large mesh may
         still be forming, but not once known dead or gone: a node behind the mesh would wait out the patience for
-        peers that finished the run; one that does not answer is asked again.)"""
+        peers that finished the run; one that does not answer is asked again.)
+        behind (a round): a peer is waited for patience seconds more each time it is heard to have moved on to a
+        later round up to behind (its answer "not yet" says its round): a peer on its way is waited for, one stuck
+        or gone is not. Beyond the paper: at 1,000 nodes on one machine the nodes reached the influence phase up
+        to an hour apart, and more than half of them, having waited a round's timeout, chose from none of their
+        sample. Each move counts once, so a peer that says ever later rounds holds the node behind + 1 times the
+        patience at most."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         got: dict[str, dict[str, torch.Tensor]] = {}
-        wait, deadline = FETCH_RETRY[0], asyncio.get_running_loop().time() + patience
+        until = dict.fromkeys(peers, start + patience)
+        seen = {p: self.node.peer_round(p) for p in peers} if behind is not None else {}
+        wait, asked_once, moved = FETCH_RETRY[0], False, False
         while True:
             live = set(self.node.live_peers())
             missing = [p for p in peers if p not in got and p != self.node.name
-                       and (p in live or (first and not self.node.gone(p)))]
+                       and (p in live or (first and not self.node.gone(p)))
+                       and (not asked_once or loop.time() <= until[p])]
+            asked_once = True
             if first:
                 for peer in missing:
                     state = await self.node.fetch(peer, kind)
@@ -525,17 +501,26 @@ class PFedLIAP2P(Method):
             else:
                 states = await asyncio.gather(*(self.node.fetch(p, kind) for p in missing))
                 got.update({p: s for p, s in zip(missing, states, strict=True) if s is not None})
-            if len(got) == len(peers) or not missing or asyncio.get_running_loop().time() + wait > deadline:
-                return got
+            left = [p for p in missing if p not in got]
+            for peer in left if behind is not None else ():
+                now = self.node.peer_round(peer)
+                if seen[peer] < now <= (behind or 0):  # moved on since: on its way to that round
+                    seen[peer], until[peer], moved = now, loop.time() + patience, True
+            if not left or loop.time() + wait > max(until[p] for p in left):
+                break
             await asyncio.sleep(wait)
             wait = min(2 * wait, FETCH_RETRY[1])
+        if moved:
+            log.info("%s: waited %.0f s for %s models of peers behind round %s (%d of %d came)", self.node.name,
+                     loop.time() - start, kind, behind, len(got), len(peers))
+        return got
 
     async def sample_phase(self, rnd: int) -> None:
         """The influence phase on a sample: train the partial model (kept for peers to fetch), fetch the paired
         peers' partial models, score them, choose, tell the chosen."""
         partial = await self.train_partial()
         sample = self.paired()
-        partials = await self.await_partials(sample, rnd)
+        partials = await self.fetch_partials(sample, self.node.cfg.round_timeout, behind=rnd)
         self.expanding = True  # the search goes on each round (expand)
         await self.choose(await self.score(partials))
         await self.begin(partial, partials)
