@@ -137,6 +137,13 @@ def wire_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def start_table(figures: dict[str, Any]) -> str:
+    rows = ["| what | seconds | × torch's import | resident MiB | × torch's import |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {r['what']} | {r['s']:.2f} | {r['x_s']:.2f} | "
+             + (f"{r['mib']:.0f} | {r['x_mib']:.2f} |" if r["mib"] is not None else " | |") for r in figures["rows"]]
+    return "\n".join(rows)
+
+
 def keys_table(figures: dict[str, Any]) -> str:
     rows = ["| pair | keys (s) | --insecure (s) | ratio |", "|---:|---:|---:|---:|"]
     rows += [f"| {i} | {p['keyed_s']:.1f} | {p['insecure_s']:.1f} | {p['ratio']:.3f} |"
@@ -360,7 +367,8 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "ray-engine-1000.json": ray_engine_table,
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table,
-    "scale-kept-period.json": scale_against_table, "scale-1000-wait.json": scale_wait_table}
+    "scale-kept-period.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
+    "start.json": start_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:

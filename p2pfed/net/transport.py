@@ -480,7 +480,9 @@ class Transport:
             mismatch = value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
             self.handshakes[address] = (_MISMATCH if mismatch else
                                         f"the handshake failed (ZMTP protocol error {value:#x})", mismatch)
-        else:  # the two other events watched
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH or not self.handshakes.get(address, ("", False))[1]:
+            # a handshake that fails with no detail after a refusal is the retry's meeting the same refusal (seen
+            # under load: the refusal's reason was lost, and a caller without keys waited out its timeout)
             self.handshakes[address] = (_HANDSHAKE[kind], kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
     def send_nowait(self, address: str, msg: Message, server_key: bytes | None = None) -> bool:

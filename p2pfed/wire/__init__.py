@@ -2,7 +2,7 @@
 
 from p2pfed.wire.codec import (
     DEFAULT_LIMITS,
-    DTYPES,
+    ITEMSIZES,
     WIRE_VERSION,
     Limits,
     Message,
@@ -10,6 +10,7 @@ from p2pfed.wire.codec import (
     WireError,
     check_tensors,
     decode,
+    dtypes,
     encode,
     peek,
 )
@@ -18,8 +19,8 @@ from p2pfed.wire.received import ModelIn, NoteIn
 
 __all__ = [
     "DEFAULT_LIMITS",
-    "DTYPES",
     "GOODBYE",
+    "ITEMSIZES",
     "NO_REPLY",
     "SCHEMAS",
     "WIRE_VERSION",
@@ -31,6 +32,7 @@ __all__ = [
     "WireError",
     "check_tensors",
     "decode",
+    "dtypes",
     "encode",
     "peek",
 ]

@@ -9,18 +9,21 @@ is a view of the received frame).
 
 from __future__ import annotations
 
+import functools
 import math
 import uuid
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
-import torch
 
-from p2pfed.wire.messages import SCHEMAS, SchemaError, check_body, clip, is_name
+from p2pfed.wire.messages import SCHEMAS, TENSORS, SchemaError, check_body, clip, is_name
+
+if TYPE_CHECKING:
+    import torch
 
 # 2: a member's identity carries its recipe's fingerprint, a status its learning (wire/messages.py). Members of
 # different versions refuse each other's messages, naming both versions, rather than failing on a field.
@@ -28,21 +31,24 @@ from p2pfed.wire.messages import SCHEMAS, SchemaError, check_body, clip, is_name
 # 4: the probing membership's ping and pong (net/endpoint.py), and a member's identity names its membership form.
 WIRE_VERSION = 4
 
-# Only these dtypes travel. Names are the wire's, mapped to torch dtypes; anything else is refused.
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-_ITEMSIZE = {k: torch.empty(0, dtype=v).element_size() for k, v in DTYPES.items()}
+# Only these dtypes travel: the wire's names, with their sizes in bytes; anything else is refused. Their torch
+# dtypes are looked up when a tensor is first encoded or decoded (dtypes()), so that a member that never moves a
+# model (a bootstrap, `p2pfed mesh status`) never imports torch: 3 s and some 300 MB a process on this machine.
+ITEMSIZES: dict[str, int] = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+                             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+@functools.cache
+def dtypes() -> dict[str, torch.dtype]:
+    """The wire's dtype names mapped to torch's dtypes (torch imported on the first call)."""
+    import torch
+
+    return {name: getattr(torch, name) for name in ITEMSIZES}
+
+
+@functools.cache
+def _dtype_names() -> dict[torch.dtype, str]:
+    return {v: k for k, v in dtypes().items()}
 
 
 class WireError(ValueError):
@@ -100,6 +106,8 @@ def tensor_frame(t: torch.Tensor) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous().reshape(-1)
+    import torch  # (see ITEMSIZES; imported already by whoever made t)
+
     return t.view(torch.uint8).numpy()
 
 
@@ -114,7 +122,7 @@ def encode(msg: Message) -> list[Any]:
     specs = []
     frames: list[Any] = [b""]
     for name, t in msg.tensors.items():
-        dname = _DTYPE_NAMES.get(t.dtype)
+        dname = _dtype_names().get(t.dtype)
         if dname is None:
             raise ValueError(f"tensor {name!r} has dtype {t.dtype}, which the wire does not carry")
         specs.append([name, dname, list(t.shape)])
@@ -218,6 +226,8 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS, *, check_fini
     specs = env["tensors"]
     if not isinstance(specs, list) or len(specs) > limits.max_tensors:
         raise WireError(f"tensor list must be a list of at most {limits.max_tensors} specs")
+    if specs and mtype not in TENSORS:
+        raise WireError(f"a {mtype} message carries no tensors")
     if len(frames) != len(specs) + 1:
         raise WireError(f"{len(specs)} tensor specs but {len(frames) - 1} tensor frames")
     tensors: dict[str, torch.Tensor] = {}
@@ -244,7 +254,7 @@ def _decode_tensor(spec: Any, frame: Any, limits: Limits, check_finite: bool) ->
     name, dname, shape = spec
     if not isinstance(name, str) or not name or len(name) > limits.max_name_len:
         raise WireError("tensor name must be a non-empty short string")
-    if not isinstance(dname, str) or dname not in DTYPES:
+    if not isinstance(dname, str) or dname not in ITEMSIZES:
         raise WireError(f"tensor {clip(name, 80)}: dtype {clip(dname, 40)} is not allowed")
     if (
         not isinstance(shape, list)
@@ -254,18 +264,20 @@ def _decode_tensor(spec: Any, frame: Any, limits: Limits, check_finite: bool) ->
         raise WireError(f"tensor {clip(name, 80)}: shape {clip(shape, 80)} is not a list of at most "
                         f"{limits.max_ndim} sizes")
     numel = math.prod(shape)
-    nbytes = numel * _ITEMSIZE[dname]
+    nbytes = numel * ITEMSIZES[dname]
     buf = memoryview(frame)
     if nbytes > limits.max_message_bytes:
         raise WireError(f"tensor {clip(name, 80)}: {nbytes} bytes exceeds the message limit")
     # A zero size makes the byte count 0 whatever the other sizes are, and torch's stride calculation
     # overflows int64 on [0, 2^39, 2^39, 2^39]: an empty tensor's other sizes are bounded as a full one's.
-    if not numel and math.prod(max(d, 1) for d in shape) * _ITEMSIZE[dname] > limits.max_message_bytes:
+    if not numel and math.prod(max(d, 1) for d in shape) * ITEMSIZES[dname] > limits.max_message_bytes:
         raise WireError(f"tensor {clip(name, 80)}: shape {clip(shape, 80)} is empty, but its other sizes exceed "
                         "the message limit")
     if buf.nbytes != nbytes:
         raise WireError(f"tensor {clip(name, 80)}: frame has {buf.nbytes} bytes, spec needs {nbytes}")
-    dtype = DTYPES[dname]
+    import torch  # (see ITEMSIZES)
+
+    dtype = dtypes()[dname]
     if nbytes == 0:
         tensor = torch.empty(shape, dtype=dtype)
     else:
@@ -283,6 +295,8 @@ def _all_finite(t: torch.Tensor) -> bool:
     without allocating a mask: ~10x faster than isfinite().all() on 45 MB. Only when the sum is not
     finite (a bad value, or an overflow of huge finite values) is the exact elementwise test run.
     """
+    import torch  # (see ITEMSIZES)
+
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
     if math.isfinite(torch.sum(t, dtype=acc).item()):  # (item and math: one torch call a tensor, not three)
         return True
@@ -303,3 +317,4 @@ def check_tensors(tensors: dict[str, torch.Tensor], reference: dict[str, torch.T
                 f"tensor {name!r} is {t.dtype} {clip(tuple(t.shape), 60)}, the local model has {ref.dtype} "
                 f"{tuple(ref.shape)}"
             )
+

@@ -210,6 +210,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
              "names": Many(NAME_SPEC, MAX_LIST), "shared": Int(0, MAX_LIST), "meta": AnyMap()},
 }
 
+# The message types that may carry tensors; any other type's message carrying some is refused before its frames are
+# read (and a member that moves no models never imports torch to read them: wire/codec.py, ITEMSIZES).
+TENSORS = frozenset({"model", "task"})
+
 
 def check_body(mtype: str, body: Any) -> None:
     """Raise SchemaError unless body matches the schema of message type mtype.

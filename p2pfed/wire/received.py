@@ -8,8 +8,10 @@ A model (``ModelIn``) is its weights, read-only views of the received frames (no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ def run(tmp_path: Path, kind: str) -> dict:
     return json.loads((tmp_path / "run" / "summary.json").read_text())["methods"]
 
 
+@pytest.mark.slow  # two methods learning with an adversary (about 24 s under coverage); CI runs it (-m slow)
 def test_pfedlias_honest_nodes_keep_a_label_flipper_out_and_fedavgs_cannot(tmp_path: Path) -> None:
     summary = run(tmp_path, "label-flip")
     lia, fedavg = summary["pfedlia-p2p"], summary["fedavg-p2p"]
@@ -61,6 +62,7 @@ def test_pfedlias_honest_nodes_keep_a_label_flipper_out_and_fedavgs_cannot(tmp_p
     assert lia["accuracy"] > fedavg["accuracy"] + 0.1 and lia["accuracy"] > 0.85, (lia, fedavg)
 
 
+@pytest.mark.slow  # two methods learning with an adversary (about 24 s under coverage); CI runs it (-m slow)
 def test_a_noise_model_sinks_fedavg_not_pfedlia(tmp_path: Path) -> None:
     summary = run(tmp_path, "noise-model")
     lia, fedavg = summary["pfedlia-p2p"], summary["fedavg-p2p"]

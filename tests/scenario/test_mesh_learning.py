@@ -91,6 +91,7 @@ def records(run: Path, method: str, node: str) -> list[dict]:
     return [json.loads(line) for line in (run / method / f"{node}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a whole pFedLIA mesh with a late joiner and a crash (44 s under coverage); CI runs it (-m slow)
 def test_pfedlia_mesh_recovers_clusters_and_a_late_joiner_picks_its_cluster(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     scenario = load_scenario(write(tmp_path, events=LATE_AND_CRASH))

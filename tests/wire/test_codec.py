@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import msgpack
 import pytest
@@ -10,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pfed.wire import DTYPES, Limits, Message, WireError, check_tensors, decode, encode, peek
+from p2pfed.wire import ITEMSIZES, Limits, Message, WireError, check_tensors, decode, encode, peek
+from p2pfed.wire.codec import dtypes
 from p2pfed.wire.messages import clip
 
 
@@ -23,7 +26,7 @@ def as_bytes(frames: list) -> list[bytes]:
     return [bytes(memoryview(f)) for f in frames]
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES.values()))
+@pytest.mark.parametrize("dtype", list(dtypes().values()))
 def test_round_trip_every_allowed_dtype(dtype: torch.dtype) -> None:
     t = (torch.arange(24) % 7).to(dtype).reshape(2, 3, 4)
     msg = model_message(x=t, scalar=torch.tensor(3).to(dtype), empty=torch.empty(0, 5, dtype=dtype))
@@ -32,6 +35,21 @@ def test_round_trip_every_allowed_dtype(dtype: torch.dtype) -> None:
     for name, tensor in msg.tensors.items():
         assert out.tensors[name].dtype == dtype and out.tensors[name].shape == tensor.shape
         assert torch.equal(out.tensors[name], tensor)
+
+
+def test_the_wires_dtype_sizes_are_torchs() -> None:
+    assert {name: torch.empty(0, dtype=dtype).element_size() for name, dtype in dtypes().items()} == ITEMSIZES
+
+
+def test_a_member_that_moves_no_model_never_imports_torch() -> None:
+    """A bootstrap and `p2pfed mesh status` (the command line, the membership layer, a ping encoded and decoded)
+    did import it: 3 s and some 300 MB a process on this machine."""
+    code = ("import sys; import p2pfed.cli, p2pfed.launch.member, p2pfed.net.endpoint\n"
+            "from p2pfed.wire import Message, decode, encode\n"
+            "decode(encode(Message('leave', 'alice')))\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert res.stdout.strip() == "[]"
 
 
 def test_send_and_receive_do_not_copy_tensor_bytes() -> None:
@@ -274,7 +292,7 @@ def test_a_forged_empty_shape_hiding_huge_sizes_is_refused_not_a_crash() -> None
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 2**40 - 1) | st.just(0), min_size=1, max_size=8).filter(lambda s: 0 in s),
-       st.sampled_from(sorted(DTYPES)))
+       st.sampled_from(sorted(ITEMSIZES)))
 def test_any_empty_shape_decodes_or_is_refused_with_wire_error(shape: list[int], dtype: str) -> None:
     env = msgpack.unpackb(VALID[0], raw=False)
     env["tensors"] = [["w", dtype, shape], ["b", "float32", [4]]]
@@ -311,6 +329,7 @@ LONG = "n" * 250  # a long tensor name, still under max_name_len
     ({"round": True}, "round True is not an integer in [0, 2^31)"),
     ({"round": [0] * 50}, f"round {clip([0] * 50, 40)} is not an integer in [0, 2^31)"),
     ({"body": []}, "body is not a map"),
+    ({"type": "leave", "body": {}}, "a leave message carries no tensors"),  # only a model or a task carries some
     ({"body": {"kind": "x"}}, "model body: body keys: missing ['meta', 'samples'], unexpected []"),
     ({"tensors": {}}, "tensor list must be a list of at most 4096 specs"),
     ({"tensors": [["w", "float32", [3, 4]]]}, "1 tensor specs but 2 tensor frames"),
