@@ -136,7 +136,8 @@ class PeerContext(NodeContext, Protocol):
 
     def gone(self, name: str) -> bool:
         """Whether peer name is dead or gone as far as the membership table knows (forgotten by it too, once
-        met); a member not met yet is not gone."""
+        met); a member not met yet is not gone, nor one dead only because it never answered its introduction (a
+        request to it introduces it again)."""
 
     def peer_round(self, name: str) -> int:
         """The latest round peer name was heard to be at: by the membership, or in its own answer that it keeps no

@@ -73,6 +73,12 @@ class Peer:
     # 999 at once pings them over minutes.
     introduced: float | None = None
 
+    @property
+    def never_heard(self) -> bool:
+        """Whether this member never heard the peer say who it is (a hello, heartbeat, ping or pong tells its
+        period): one known from gossip alone, or dead only because it never answered its introduction."""
+        return not self.period
+
     def as_wire(self, now: float) -> dict[str, Any]:
         """The peer as the PEER schema of the wire carries it."""
         return {

@@ -23,7 +23,7 @@ from p2pfed.learn.train import evaluate, weighted_average
 from p2pfed.methods.base import Method
 from p2pfed.methods.central import participates
 from p2pfed.net.endpoint import Endpoint, MeshOptions
-from p2pfed.net.membership import ALIVE
+from p2pfed.net.membership import ALIVE, DEAD
 from p2pfed.node.learner import LearningNode
 from p2pfed.scenario.config import Scenario, load_scenario
 from p2pfed.wire import Message, ModelIn, NoteIn, WireError
@@ -171,8 +171,9 @@ def fedavg_node(out: Path, members: Callable[..., Endpoint], participation: floa
 
 
 def heard(n: LearningNode, peer: str, rnd: int = 0) -> None:
-    """A heartbeat of a learning peer at round rnd reaches the node (the peer is alive)."""
-    n.endpoint.peers.heard_from(peer, "tcp://127.0.0.1:9", "node", 1, "", rnd)
+    """A heartbeat of a learning peer at round rnd reaches the node (the peer is alive; a heartbeat tells its
+    period)."""
+    n.endpoint.peers.heard_from(peer, "tcp://127.0.0.1:9", "node", 1, "", rnd, period=1.0)
 
 
 def introduced(n: LearningNode, peer: str, rnd: int = 0) -> None:
@@ -548,6 +549,9 @@ def test_a_peer_is_gone_once_the_table_holds_it_dead_or_left_or_forgot_it_not_be
     assert n.gone("n03") and not n.gone("n01")
     n.endpoint.peers.heard_from("n00", "tcp://127.0.0.1:9", "node", 2, "", 0)  # restarted: back
     assert not n.gone("n00")
+    introduced(n, "n05")  # known from the join alone, then dead for not answering its introduction: a request
+    n.endpoint.peers.mark_dead("n05")  # introduces it again (Endpoint.request), so it is not gone
+    assert n.endpoint.peers.peers["n05"].state == DEAD and not n.gone("n05")
 
 
 async def test_a_node_stops_waiting_for_a_peers_model_once_the_peers_heartbeat_says_it_has_moved_on(
