@@ -144,6 +144,22 @@ def start_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def phase_table(figures: dict[str, Any]) -> str:
+    """benchmarks/phase_counts.py: the influence phase of runs, a column a run."""
+    runs = figures["rows"]
+    rows = ["| at the scoring round | " + " | ".join(r["code"] for r in runs) + " |", "|---|" + "---:|" * len(runs)]
+    for label, cell in [("nodes that scored", lambda r: f"{r['nodes']}"),
+                        ("peers in the sample, mean", lambda r: f"{r['sample_mean']:.2f}"),
+                        ("nodes that drew no peer", lambda r: f"{r['drew_none']}"),
+                        ("partial models scored, mean", lambda r: f"{r['scored_mean']:.2f}"),
+                        ("nodes with none of their sample's partial models", lambda r: f"{r['scored_none']}"),
+                        ("nodes that chose nobody", lambda r: f"{r['chose_none']}"),
+                        ("nodes that waited for peers behind; median, longest wait",
+                         lambda r: f"{r['waited']}; {r['waited_median_s']:.0f} s, {r['waited_max_s']:.0f} s")]:
+        rows.append(f"| {label} | " + " | ".join(cell(r) for r in runs) + " |")
+    return "\n".join(rows)
+
+
 def keys_table(figures: dict[str, Any]) -> str:
     rows = ["| pair | keys (s) | --insecure (s) | ratio |", "|---:|---:|---:|---:|"]
     rows += [f"| {i} | {p['keyed_s']:.1f} | {p['insecure_s']:.1f} | {p['ratio']:.3f} |"
@@ -368,7 +384,7 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table,
     "scale-kept-period.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
-    "start.json": start_table}
+    "start.json": start_table, "scale-1000-phase.json": phase_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:

@@ -76,7 +76,7 @@ from p2pfed.net.transport import (
     out_of_files,
 )
 from p2pfed.net.waits import first_of
-from p2pfed.wire import NO_REPLY, SCHEMAS, Message, TryLater, WireError
+from p2pfed.wire import DEFAULT_LIMITS, NO_REPLY, NO_TENSORS, SCHEMAS, Message, TryLater, WireError
 from p2pfed.wire.messages import (
     LEARNING,
     MAX_HEARTBEAT,
@@ -272,8 +272,10 @@ class Endpoint:
         self._on_change: list[Callable[[Change], None]] = []
         self.changed = asyncio.Event()
         self.rounds_moved = asyncio.Event()  # set when a peer's own word says its round rose (and made anew)
+        # A bootstrap moves no model: a message with tensors is refused before its frames are read, so that a
+        # stray one makes it neither import torch (seconds of a stalled loop, some 500 MB) nor hold the tensors.
         self.transport = Transport(name, self._dispatch, keys=keys, options=transport_options,
-                                   mesh=self.options.mesh)
+                                   limits=NO_TENSORS if role == "bootstrap" else DEFAULT_LIMITS, mesh=self.options.mesh)
         # At the connection cap, keep the connections to the peers heard from most recently (never-heard first out).
         self.transport.keep_scores = lambda: {p.address: p.last_seen if p.state != JOINING else float("-inf")
                                               for p in self.peers.peers.values()}
@@ -487,17 +489,20 @@ class Endpoint:
             return False
         return await self.transport.send(peer.address, self.message("leave", {}), 0.5, key)
 
+    def introduces(self, peer: Peer) -> bool:
+        """Whether a request to peer pings it first: probing, a peer known from gossip alone (it may not know this
+        member: in a mesh still forming its introduction waits its turn, and it refuses a stranger's request), or
+        one dead only because its introduction went unanswered (at 1,000 nodes on one machine members declared
+        some 600 peers each dead so while the mesh formed, most of them only slow to answer, and no request could
+        reach those). A member of the "all" form heartbeats every peer it knows, and pings none."""
+        return self.options.membership == "probe" and (
+            peer.state == JOINING or (peer.state == DEAD and peer.unintroduced))
+
     async def request(self, peer_name: str, msg: Message, timeout: float | None = None) -> Message:
         """Send msg to a peer by name and wait for its reply (ack); raise DeliveryError if it does not come,
         at once when the mesh declares the peer dead, gone or restarted meanwhile (not at the timeout)."""
         peer = self.peers.peers.get(peer_name)
-        # Known from gossip only, it may not know this member (in a mesh still forming, its introduction waiting its
-        # turn), and it refuses a stranger's request: introduce first, by a ping now. So too for a peer dead only
-        # because it never answered its introduction: at 1,000 nodes on one machine members declared some 600
-        # peers each dead so while the mesh formed, most of them only slow to answer, and a method could ask
-        # none of those.
-        introduce = self.options.membership == "probe" and peer is not None and (
-            peer.state == JOINING or (peer.state == DEAD and peer.never_heard))
+        introduce = peer is not None and self.introduces(peer)
         if peer is None or (peer.state in (DEAD, LEFT) and not introduce):
             raise DeliveryError(f"{peer_name} is not a live peer")
         if introduce and peer.name not in self._probing:
@@ -506,6 +511,8 @@ class Endpoint:
             peer = self.peers.peers.get(peer_name)
         if peer is None or peer.state in (DEAD, LEFT):  # its ping unanswered, or one under way already
             raise DeliveryError(f"{peer_name} is not a live peer")
+        # (a joining peer whose ping went unanswered stays joining until the sweep: the request goes, and the
+        # peer may refuse a stranger's, or not answer it)
         incarnation = peer.incarnation
         self.peers.asked(peer_name)  # a partner from now: not probed while this may be on its way
         request = asyncio.ensure_future(self.transport.request(
@@ -1045,7 +1052,8 @@ async def query_status(address: str, *, mesh: str = "default", keys: security.Ke
         keys = keys or security.ephemeral_keys()
         if server_key is None:
             raise ValueError(security.missing_key(address, "asking"))
-    transport = Transport(f"status-{time.time_ns() % 100000}", _no_handler, keys=None if insecure else keys)
+    transport = Transport(f"status-{time.time_ns() % 100000}", _no_handler, keys=None if insecure else keys,
+                          limits=NO_TENSORS)
     try:
         msg = Message("status_req", transport.name, mesh=mesh)
         return await transport.request(address, msg, timeout, server_key)

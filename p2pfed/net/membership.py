@@ -72,12 +72,9 @@ class Peer:
     # waiting its turn behind others). Its silence counts from then, not from the hearing: a member that hears of
     # 999 at once pings them over minutes.
     introduced: float | None = None
-
-    @property
-    def never_heard(self) -> bool:
-        """Whether this member never heard the peer say who it is (a hello, heartbeat, ping or pong tells its
-        period): one known from gossip alone, or dead only because it never answered its introduction."""
-        return not self.period
+    # dead only because it never answered its introduction (a joining peer's silence): not heard from, not known
+    # to have failed (a request may introduce it again, Endpoint.introduces)
+    unintroduced: bool = False
 
     def as_wire(self, now: float) -> dict[str, Any]:
         """The peer as the PEER schema of the wire carries it."""
@@ -196,7 +193,7 @@ class PeerTable:
         old = peer.state
         peer.address, peer.role, peer.incarnation, peer.pubkey = address, role, incarnation, pubkey
         peer.last_seen, peer.round, peer.state, peer.dead_since = now, round_, ALIVE, None
-        peer.period = period
+        peer.period, peer.unintroduced = period, False
         if restarted:
             return Change(name, old, "rejoined")
         return Change(name, old, ALIVE) if old != ALIVE else None
@@ -256,9 +253,10 @@ class PeerTable:
     def mark_dead(self, name: str, incarnation: int | None = None) -> Change | None:
         """Record that a peer is known dead (e.g. its last will arrived), unless it has since restarted."""
         peer = self.peers.get(name)
-        if peer is None or peer.state in (DEAD, LEFT):
+        if peer is None or peer.state == LEFT or (incarnation is not None and incarnation < peer.incarnation):
             return None
-        if incarnation is not None and incarnation < peer.incarnation:
+        peer.unintroduced = False  # known to have failed, not only silent to its introduction
+        if peer.state == DEAD:
             return None
         old, peer.state, peer.dead_since = peer.state, DEAD, self.clock()
         return Change(name, old, DEAD)
@@ -311,6 +309,7 @@ class PeerTable:
                 changes.append(Change(name, ALIVE, SUSPECT))
             if peer.state in (SUSPECT, JOINING) and silent > self.dead_after:
                 changes.append(Change(name, peer.state, DEAD))
+                peer.unintroduced = peer.state == JOINING
                 peer.state, peer.dead_since = DEAD, now
             if peer.state in (DEAD, LEFT) and now - (peer.dead_since or now) > self.forget_after:
                 del self.peers[name]

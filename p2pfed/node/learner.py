@@ -95,8 +95,8 @@ class LearningNode(LocalNode):
         peer = self.endpoint.peers.peers.get(name)
         if peer is None:  # met once, then forgotten by the table (dead or gone long enough), or never met
             return name in self.known and name != self.name
-        # dead only because it never answered its introduction: a request introduces it again (Endpoint.request)
-        return peer.state == LEFT or (peer.state == DEAD and not peer.never_heard)
+        # dead only because it never answered its introduction: a request introduces it again (Endpoint.introduces)
+        return peer.state in (DEAD, LEFT) and not self.endpoint.introduces(peer)
 
     def peer_round(self, name: str) -> int:
         peer = self.endpoint.peers.peers.get(name)

@@ -3,6 +3,7 @@
 from p2pfed.wire.codec import (
     DEFAULT_LIMITS,
     ITEMSIZES,
+    NO_TENSORS,
     WIRE_VERSION,
     Limits,
     Message,
@@ -22,6 +23,7 @@ __all__ = [
     "GOODBYE",
     "ITEMSIZES",
     "NO_REPLY",
+    "NO_TENSORS",
     "SCHEMAS",
     "WIRE_VERSION",
     "Limits",

@@ -79,6 +79,7 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+NO_TENSORS = Limits(max_tensors=0)  # a member that moves no model (a bootstrap, `p2pfed mesh status`)
 
 
 @dataclass
@@ -119,6 +120,8 @@ def encode(msg: Message) -> list[Any]:
     if msg.type not in SCHEMAS:
         raise ValueError(f"unknown message type {msg.type!r}")
     check_body(msg.type, msg.body)
+    if msg.tensors and msg.type not in TENSORS:
+        raise ValueError(f"a {msg.type} message carries no tensors")
     specs = []
     frames: list[Any] = [b""]
     for name, t in msg.tensors.items():
@@ -317,4 +320,3 @@ def check_tensors(tensors: dict[str, torch.Tensor], reference: dict[str, torch.T
                 f"tensor {name!r} is {t.dtype} {clip(tuple(t.shape), 60)}, the local model has {ref.dtype} "
                 f"{tuple(ref.shape)}"
             )
-

@@ -155,14 +155,23 @@ async def test_a_request_introduces_a_peer_dead_only_for_not_answering_its_intro
     b.serve({"control": ack})
     assert a.peers.learned_of({"name": "b", "address": b.address, "role": "node", "incarnation": b.incarnation,
                                "pubkey": b.keys.public.decode() if b.keys else "", "state": ALIVE, "round": 0})
+    a.peers.introducing("b")
     peer = a.peers.peers["b"]
-    assert peer.never_heard
-    peer.state, peer.dead_since = DEAD, a.peers.clock()  # as the sweep leaves a joining peer that did not answer
+    peer.introduced = a.peers.clock() - 60  # its introduction a minute ago, unanswered
+    a.peers.sweep()
+    assert peer.state == DEAD and peer.unintroduced
     assert (await a.request("b", ping(a), 5)).body["ok"]
-    assert states(a)["b"] == ALIVE and not peer.never_heard
-    peer.state, peer.dead_since = DEAD, a.peers.clock()  # dead once heard from: not asked
+    assert states(a)["b"] == ALIVE and not peer.unintroduced
+    peer.last_seen = a.peers.clock() - 60  # heard from, then silent: dead, and not asked
+    a.peers.sweep()
+    assert peer.state == DEAD and not peer.unintroduced
     with pytest.raises(DeliveryError, match="b is not a live peer"):
         await a.request("b", ping(a), 5)
+    assert b.transport.limits.max_tensors > 0  # a node takes models; a bootstrap reads no tensors (NO_TENSORS)
+    assert members("boot", "bootstrap", options=FAST).transport.limits.max_tensors == 0
+    unintroduced = Peer("c", "tcp://127.0.0.1:9", state=DEAD, unintroduced=True)
+    everyone = members("d", options=dataclasses.replace(FAST, membership="all"))  # pings nobody: c stays dead
+    assert a.introduces(unintroduced) and not everyone.introduces(unintroduced)
 
 
 async def test_silence_makes_a_peer_suspect_before_dead(members: Make) -> None:

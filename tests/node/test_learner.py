@@ -550,8 +550,12 @@ def test_a_peer_is_gone_once_the_table_holds_it_dead_or_left_or_forgot_it_not_be
     n.endpoint.peers.heard_from("n00", "tcp://127.0.0.1:9", "node", 2, "", 0)  # restarted: back
     assert not n.gone("n00")
     introduced(n, "n05")  # known from the join alone, then dead for not answering its introduction: a request
-    n.endpoint.peers.mark_dead("n05")  # introduces it again (Endpoint.request), so it is not gone
+    n.endpoint.peers.introducing("n05")  # introduces it again (Endpoint.introduces), so it is not gone
+    n.endpoint.peers.peers["n05"].introduced = n.endpoint.peers.clock() - 60
+    n.endpoint.peers.sweep()
     assert n.endpoint.peers.peers["n05"].state == DEAD and not n.gone("n05")
+    n.endpoint.peers.mark_dead("n05")  # its last will: known to have failed
+    assert n.gone("n05")
 
 
 async def test_a_node_stops_waiting_for_a_peers_model_once_the_peers_heartbeat_says_it_has_moved_on(

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pfed.wire import ITEMSIZES, Limits, Message, WireError, check_tensors, decode, encode, peek
+from p2pfed.wire import ITEMSIZES, NO_TENSORS, Limits, Message, WireError, check_tensors, decode, encode, peek
 from p2pfed.wire.codec import dtypes
 from p2pfed.wire.messages import clip
 
@@ -444,3 +444,13 @@ def test_a_decoded_message_keeps_its_mesh_and_round_and_encode_refuses_what_the_
     with pytest.raises(ValueError) as exc:
         encode(Message("exec", "alice"))
     assert str(exc.value) == "unknown message type 'exec'"
+    with pytest.raises(ValueError) as exc:
+        encode(Message("leave", "alice", tensors={"w": torch.zeros(2)}))
+    assert str(exc.value) == "a leave message carries no tensors"
+
+
+def test_a_member_that_moves_no_model_refuses_tensors_before_reading_them() -> None:
+    """A bootstrap and `p2pfed mesh status` decode with NO_TENSORS: a stray model would have made them import
+    torch (seconds of a stalled loop) and hold its tensors."""
+    with pytest.raises(WireError, match="tensor list must be a list of at most 0 specs"):
+        decode(as_bytes(encode(model_message())), NO_TENSORS)

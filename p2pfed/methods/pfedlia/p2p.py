@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -304,13 +305,11 @@ class PFedLIAP2P(Method):
             self.chosen = set()
             return
         self.node.load_state(w0)
-        partials = {}
         self.expanding = self.sampling
         asked = self.paired() if self.sampling else sorted(peers)
-        for peer in asked:
-            state = await self.node.fetch(peer, "partial")
-            if state is not None:
-                partials[peer] = state
+        # together: a paired peer not heard from yet costs its introduction's ping, not one after another
+        states = await asyncio.gather(*(self.node.fetch(p, "partial") for p in asked))
+        partials = {p: state for p, state in zip(asked, states, strict=True) if state is not None}
         self.answered(asked, partials)
         partial = await self.train_partial()  # keeps w0 and this node's partial for later joiners
         scores = await self.score(partials)
@@ -482,7 +481,9 @@ class PFedLIAP2P(Method):
         order, until one gives it); those that keep none yet are asked again, waiting longer each time, for up to
         patience seconds. (Peers are asked while they are not yet known alive too, as a large mesh may still be
         forming, but not once known dead or gone: a node behind the mesh would wait out the patience for peers
-        that finished the run; one that does not answer is asked again.)
+        that finished the run. Asked one at a time, one that does not answer is asked again; asked together, one
+        that is not alive once asked, its introduction unanswered, is not asked again in this call, so that a peer
+        that is not there holds nobody for the patience: a pending peer is asked again the next round.)
         behind (a round): a peer is waited for patience seconds more each time it is heard to have moved on to a
         later round up to behind (its answer "not yet" says its round): a peer on its way is waited for, one stuck
         or gone is not. Beyond the paper: at 1,000 nodes on one machine the nodes reached the influence phase up
@@ -507,7 +508,9 @@ class PFedLIAP2P(Method):
             else:
                 states = await asyncio.gather(*(self.node.fetch(p, kind) for p in missing))
                 got.update({p: s for p, s in zip(missing, states, strict=True) if s is not None})
-            left = [p for p in missing if p not in got]
+                live = set(self.node.live_peers())
+                until.update({p: -math.inf for p in missing if p not in got and p not in live})
+            left = [p for p in missing if p not in got and loop.time() <= until[p]]
             for peer in left if behind is not None else ():
                 now = self.node.peer_round(peer)
                 if seen[peer] < now <= (behind or 0):  # moved on since: on its way to that round

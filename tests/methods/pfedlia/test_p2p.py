@@ -421,7 +421,9 @@ async def test_a_sampling_node_pairs_with_and_asks_the_members_it_has_not_heard_
     """Seen at 1,000 nodes on one machine: a node's table held few of its peers alive while the mesh formed (the
     others known from gossip, or declared dead for not answering their introduction, most only slow to answer);
     a sample drawn from the live ones held 3.8 peers of 16, and 106 nodes drew none. A request introduces such a
-    peer first (Endpoint.request); a peer heard from and then dead, or gone, is neither drawn nor asked."""
+    peer first (Endpoint.request); a peer heard from and then dead, or gone, is neither drawn nor asked. One that
+    is not alive once asked (its introduction unanswered) is asked again the next round, not over and over for
+    the phase's patience (here 5 s)."""
     members = [f"p{i}" for i in range(6)]
     node = FakeNode("me", members, dict.fromkeys(members, 1.0), {p: {"partial"} for p in members[:4]})
     node.cfg = type("Cfg", (), {"round_timeout": 0.2})()  # type: ignore[attr-defined]
@@ -432,6 +434,10 @@ async def test_a_sampling_node_pairs_with_and_asks_the_members_it_has_not_heard_
                                             probe_every=0, fallback=False))  # a sample of every pair
     method.is_large = True
     assert method.paired() == ["p0", "p1", "p2", "p3", "p4"]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert set(await method.fetch_partials(method.paired(), 5.0, behind=2)) == {"p0", "p1", "p2", "p3"}
+    assert loop.time() - started < 2.5 and [p for p, kind in node.fetched if kind == "partial"].count("p4") == 1
     await method.before_round(2)
     assert method.tried == {"p0", "p1", "p2", "p3"} and method.pending == {"p4"}  # p4 keeps no partial model yet
     node.keeps["p4"] = {"partial"}
