@@ -131,15 +131,21 @@ async def test_a_stall_of_the_members_own_loop_is_not_a_joining_peers_silence(me
     assert me.peers.peers["b"].state == JOINING
 
 
-async def test_a_request_to_a_peer_known_from_gossip_alone_introduces_this_member_first(members: Make) -> None:
-    # Seen at 1,000 nodes: a node asked a peer it knew from the bootstrap's welcome for a model before the two
-    # had met, and the peer, which had not heard of it yet, refused a stranger's request (8,994 times).
+async def known_from_gossip(members: Make) -> tuple[Endpoint, Endpoint]:
+    """Two started members, a and b (which acks control messages), a knowing b from gossip alone (joining)."""
     a, b = members("a", options=FAST), members("b", options=FAST)
     for e in (a, b):
         await e.start("tcp://127.0.0.1:0")
     b.serve({"control": ack})
     assert a.peers.learned_of({"name": "b", "address": b.address, "role": "node", "incarnation": b.incarnation,
                                "pubkey": b.keys.public.decode() if b.keys else "", "state": ALIVE, "round": 0})
+    return a, b
+
+
+async def test_a_request_to_a_peer_known_from_gossip_alone_introduces_this_member_first(members: Make) -> None:
+    # Seen at 1,000 nodes: a node asked a peer it knew from the bootstrap's welcome for a model before the two
+    # had met, and the peer, which had not heard of it yet, refused a stranger's request (8,994 times).
+    a, b = await known_from_gossip(members)
     assert "a" not in b.peers.peers
     assert (await a.request("b", ping(a), 5)).body["ok"]
     assert states(b)["a"] == ALIVE and states(a)["b"] == ALIVE
@@ -149,12 +155,7 @@ async def test_a_request_introduces_a_peer_dead_only_for_not_answering_its_intro
         members: Make) -> None:
     """Seen at 1,000 nodes on one machine: while the mesh formed, members declared some 600 peers each dead because
     their introduction went unanswered (most only slow to answer), and no request could reach those peers."""
-    a, b = members("a", options=FAST), members("b", options=FAST)
-    for e in (a, b):
-        await e.start("tcp://127.0.0.1:0")
-    b.serve({"control": ack})
-    assert a.peers.learned_of({"name": "b", "address": b.address, "role": "node", "incarnation": b.incarnation,
-                               "pubkey": b.keys.public.decode() if b.keys else "", "state": ALIVE, "round": 0})
+    a, b = await known_from_gossip(members)
     a.peers.introducing("b")
     peer = a.peers.peers["b"]
     peer.introduced = a.peers.clock() - 60  # its introduction a minute ago, unanswered
