@@ -228,7 +228,8 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS, *, check_fini
         raise WireError(f"{mtype} body: {exc}") from None
     specs = env["tensors"]
     if not isinstance(specs, list) or len(specs) > limits.max_tensors:
-        raise WireError(f"tensor list must be a list of at most {limits.max_tensors} specs")
+        raise WireError(f"tensor list must be a list of at most {limits.max_tensors} specs"
+                        + ("" if limits.max_tensors else ": this member moves no model (a bootstrap takes none)"))
     if specs and mtype not in TENSORS:
         raise WireError(f"a {mtype} message carries no tensors")
     if len(frames) != len(specs) + 1:
