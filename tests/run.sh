@@ -5,10 +5,9 @@
 #   the word lists of the scandinavian dataset (wnorwegian, wswedish, wdanish).
 #   Python packages: torch 2.14.1 and torchvision 0.29.1 (from this machine's disk), p2pfed and its test and ray
 #   extras.
-# Then: ruff and mypy over p2pfed/, import-linter's layers contract, the default (fast) tests and the ray tests with the
-# line coverage of both (node processes included) printed at the end: a figure to read, not a gate; then the multihost,
-# broker, browser and slow tests without coverage: under it, with the ray tests, they took 52 of CI's 60 minutes on a
-# slow day (docs/development.md).
+# Then: ruff and mypy over p2pfed/, import-linter's layers contract, the default (fast) tests with their line coverage
+# (node processes included) printed at their end: a figure to read, not a gate; then the multihost, broker, browser,
+# ray and slow tests without coverage: under it they took 52 of CI's 60 minutes on a slow day (docs/development.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ]; then
@@ -30,6 +29,5 @@ echo "== mypy"; python3 -m mypy p2pfed
 echo "== layers"  # the contract in pyproject.toml: imports run one way, down the layers
 python3 -c "from importlinter.cli import lint_imports_command; lint_imports_command(['--no-cache'])"
 rm -f .coverage .coverage.*
-echo "== default tests"; python3 -m pytest -q --cov --cov-report=
-echo "== ray tests"; python3 -m pytest -q -m ray --cov --cov-append --cov-report=term
-echo "== multihost, broker, browser and slow tests"; python3 -m pytest -q -m "(multihost or broker or browser or slow) and not ray"
+echo "== default tests"; python3 -m pytest -q --cov --cov-report=term
+echo "== multihost, broker, browser, ray and slow tests"; python3 -m pytest -q -m "multihost or broker or browser or ray or slow"
