@@ -5,7 +5,8 @@ Reads each node's "lazy influence of X of Y sampled peers; chose Z" line and "wa
 of ... peers behind" line from the group logs of a run folder (`benchmarks/scale.py --work DIR` keeps them), so
 that runs of different code are counted alike.
 
-Run: python3 benchmarks/phase_counts.py --run CODE=RUN_FOLDER [--run ...] [--json FILE]
+Run: python3 benchmarks/phase_counts.py --run CODE=RUN_FOLDER [--run ...] [--json FILE [--append]]
+(--append keeps the columns FILE has, for runs whose folders are gone, and adds these runs' after them)
 """
 
 from __future__ import annotations
@@ -46,15 +47,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="append", required=True, help="CODE=RUN_FOLDER (a label, then the folder)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--append", action="store_true", help="keep the runs --json already holds, add these after")
     args = ap.parse_args()
+    if args.append and not (args.json and args.json.is_file()):
+        raise SystemExit("--append needs --json naming a file that exists")
+    kept = json.loads(args.json.read_text()) if args.append else {"command": "", "rows": []}
     rows = []
     for run in args.run:
         code, _, folder = run.partition("=")
+        if not folder:
+            raise SystemExit(f"--run {run!r}: want CODE=RUN_FOLDER")
         rows.append({"code": code, **counts(Path(folder))})
         print(json.dumps(rows[-1]))
     if args.json:
-        args.json.write_text(json.dumps({"command": "python3 benchmarks/phase_counts.py " + " ".join(
-            f"--run {r.split('=')[0]}=DIR" for r in args.run), "rows": rows}, indent=1) + "\n")
+        command = "python3 benchmarks/phase_counts.py " + " ".join(f"--run {r.split('=')[0]}=DIR" for r in args.run)
+        # The command of each step is kept, so that every column says which command counted it.
+        commands = [c for c in kept["command"].split("; then ") if c] + [command + (" --append" if args.append else "")]
+        args.json.write_text(json.dumps({"command": "; then ".join(commands), "rows": kept["rows"] + rows},
+                                        indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -340,11 +340,12 @@ def scale_table(figures: dict[str, Any]) -> str:
 
 
 def scale_wait_table(figures: dict[str, Any]) -> str:
-    """benchmarks/scale.py at 1,000 nodes once more, beside the 1,000-node row of the sweep it is compared with
-    (its "before" file): other code, another run, so the figures side by side and no ratio."""
-    before = json.loads((ROOT / figures["before"]["file"]).read_text())
-    pairs = [(figures["before"]["code"], next(r for r in before["rows"] if r["nodes"] == 1000)),
-             (figures["code"].split()[0], figures["rows"][0])]
+    """benchmarks/scale.py at 1,000 nodes once more, below the 1,000-node rows of the runs before it (its "before"
+    file, that file's "before", and so on): other code, other runs, so the figures side by side and no ratio."""
+    pairs = [(figures["code"].split()[0], figures["rows"][0])]
+    while "before" in figures:
+        code, figures = figures["before"]["code"], json.loads((ROOT / figures["before"]["file"]).read_text())
+        pairs.insert(0, (code, next(r for r in figures["rows"] if r["nodes"] == 1000)))
     rows = ["| code | finished | ARI | accuracy % | bottom-5 % | wall s | CPU s | peak MiB | MB sent / node | "
             "rounds skipped | sockets, busiest process | suspect / node | dead / node | refuted / node |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
