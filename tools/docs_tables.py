@@ -385,6 +385,7 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table,
     "scale-kept-period.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
+    "scale-1000-sample.json": scale_wait_table,
     "start.json": start_table, "scale-1000-phase.json": phase_table}
 
 
