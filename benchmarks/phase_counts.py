@@ -51,20 +51,23 @@ def main() -> None:
     args = ap.parse_args()
     if args.append and not (args.json and args.json.is_file()):
         raise SystemExit("--append needs --json naming a file that exists")
-    kept = json.loads(args.json.read_text()) if args.append else {"command": "", "rows": []}
+    try:
+        kept = json.loads(args.json.read_text()) if args.append else {"command": "", "rows": []}
+        kept_command, kept_rows = str(kept["command"]), list(kept["rows"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{args.json}: not a file phase_counts.py wrote ({e!s:.80})") from None
     rows = []
     for run in args.run:
         code, _, folder = run.partition("=")
         if not folder:
-            raise SystemExit(f"--run {run!r}: want CODE=RUN_FOLDER")
+            raise SystemExit(f"--run {run!r:.80}: want CODE=RUN_FOLDER")
         rows.append({"code": code, **counts(Path(folder))})
         print(json.dumps(rows[-1]))
     if args.json:
-        command = "python3 benchmarks/phase_counts.py " + " ".join(f"--run {r.split('=')[0]}=DIR" for r in args.run)
-        # The command of each step is kept, so that every column says which command counted it.
-        commands = [c for c in kept["command"].split("; then ") if c] + [command + (" --append" if args.append else "")]
-        args.json.write_text(json.dumps({"command": "; then ".join(commands), "rows": kept["rows"] + rows},
-                                        indent=1) + "\n")
+        command = "python3 benchmarks/phase_counts.py " + " ".join(f"--run {r['code']}=DIR" for r in rows)
+        if args.append:  # every column keeps the command that counted it
+            command = f"{kept_command}; then {command} --append"
+        args.json.write_text(json.dumps({"command": command, "rows": kept_rows + rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -49,5 +49,8 @@ def test_refuses_what_it_cannot_count(folder: Path, tmp_path: Path) -> None:
     missing = run("--run", f"new={folder}", "--json", str(tmp_path / "none.json"), "--append")
     assert missing.returncode != 0 and "--append needs --json naming a file that exists" in missing.stderr
     assert "want CODE=RUN_FOLDER" in run("--run", str(folder)).stderr
+    (tmp_path / "other.json").write_text('{"rows": 3}')
+    assert "not a file phase_counts.py wrote" in run("--run", f"x={folder}", "--json", str(tmp_path / "other.json"),
+                                                     "--append").stderr
     (tmp_path / "empty" / "pfedlia-p2p").mkdir(parents=True)
     assert "no node's influence phase" in run("--run", f"x={tmp_path / 'empty'}").stderr
