@@ -144,6 +144,18 @@ def start_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def beat_table(figures: dict[str, Any]) -> str:
+    """benchmarks/beat.py: a heartbeat period's work on a member's own table, this code against the code before."""
+    rows = ["| peers in the table | code | µs a period | × one pass over the table | this / before | share of a core, "
+            "N/4 members in a process |", "|---:|---|---:|---:|---:|---:|"]
+    before = {r["peers"]: r for r in figures["rows"] if r["code"] == "before"}
+    for r in figures["rows"]:
+        ratio = f"{r['beat_us'] / before[r['peers']]['beat_us']:.2f}" if r["code"] == "this" and before else ""
+        rows.append(f"| {r['peers']} | {r['code']} | {r['beat_us']:.0f} | {r['x_pass']:.1f} | {ratio} | "
+                    f"{r['process_core_share']:.3f} |")
+    return "\n".join(rows)
+
+
 def phase_table(figures: dict[str, Any]) -> str:
     """benchmarks/phase_counts.py: the influence phase of runs, a column a run."""
     runs = figures["rows"]
@@ -383,8 +395,9 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "lia-gpu.json": lia_gpu_table, "flower.json": flower_table, "ray-engine.json": ray_engine_table,
     "ray-engine-1000.json": ray_engine_table,
     "flower-before.json": flower_history_table,
-    "membership.json": membership_table, "sampling.json": sampling_table, "scale.json": scale_table,
-    "scale-kept-period.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
+    "membership.json": membership_table, "beat.json": beat_table, "sampling.json": sampling_table,
+    "scale.json": scale_table, "scale-kept-period.json": scale_against_table,
+    "scale-250-beat.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
     "scale-1000-sample.json": scale_wait_table,
     "start.json": start_table, "scale-1000-phase.json": phase_table}
 

@@ -76,7 +76,7 @@ from p2pfed.net.transport import (
     out_of_files,
 )
 from p2pfed.net.waits import first_of
-from p2pfed.wire import DEFAULT_LIMITS, NO_REPLY, NO_TENSORS, SCHEMAS, Message, TryLater, WireError
+from p2pfed.wire import DEFAULT_LIMITS, NO_REPLY, NO_TENSORS, SCHEMAS, Message, TryLater, WireError, encode
 from p2pfed.wire.messages import (
     LEARNING,
     MAX_HEARTBEAT,
@@ -440,9 +440,14 @@ class Endpoint:
             raise DeliveryError(f"{peer.name} has no public key (it runs --insecure; this member does not)")
         return peer.pubkey.encode()
 
-    def _send(self, peer: Peer, mtype: str, body: dict[str, Any]) -> bool:
+    def _send(self, peer: Peer, mtype: str, body: dict[str, Any],
+              encoded: tuple[Message, list[Any]] | None = None) -> bool:
+        """Send peer a message that needs no reply, now, or not at all (False). encoded: the message and its frames,
+        made once for several peers (a period's heartbeat to its partners: one schema check, id and packing, not one
+        a partner)."""
         try:
-            return self.transport.send_nowait(peer.address, self.message(mtype, body), self._server_key(peer))
+            msg, frames = encoded if encoded is not None else (self.message(mtype, body), None)
+            return self.transport.send_nowait(peer.address, msg, self._server_key(peer), frames)
         except DeliveryError as exc:
             if not isinstance(exc, BadAddress):
                 return False  # not now (no key for it, connections busy): the next period tries again
@@ -661,13 +666,40 @@ class Endpoint:
         for change in self.peers.sweep(watched if probing else None):
             # a joining peer's silence is forming's trouble, not a member lost
             self._changed(change, " (it never answered its introduction)" if change.old == JOINING else "")
-        for peer in self.peers.by_state(ALIVE, SUSPECT, JOINING):
-            # A bootstrap hears every member's heartbeat under either form: it is where a mesh is watched from
-            # (a scripted run reads the members' rounds there, `mesh status` asks it), at one message per member
-            # and period, so the mesh's total stays linear in its size.
-            if not probing or peer.name in partners or peer.role == "bootstrap":
-                self._send(peer, "heartbeat", self.identity())
-        for peer in self.peers.by_state(DEAD):
+        # The rest of the period from one comprehension over the table and a pass over what it keeps (each pass over
+        # a table is paid by every member of a process each period: at 1,000 nodes in 4 processes, 250 tables of
+        # 1,000; benchmarks/beat.py): whom to heartbeat, the dead (probed now and then), the suspect and joining
+        # (probed), the bootstraps (their connections kept).
+        # A bootstrap hears every member's heartbeat under either form: it is where a mesh is watched from (a
+        # scripted run reads the members' rounds there, `mesh status` asks it), at one message per member and
+        # period, so the mesh's total stays linear in its size.
+        beat: list[Peer] = []
+        dead: list[Peer] = []
+        unsettled: list[str] = []
+        bootstraps: set[str] = set()
+        for peer in [p for p in self.peers.peers.values()  # (under "probe", an alive peer not a partner needs nothing)
+                     if not probing or p.state != ALIVE or p.role == "bootstrap" or p.name in partners]:
+            state = peer.state
+            if peer.role == "bootstrap":
+                bootstraps.add(peer.name)
+            if state == DEAD:
+                dead.append(peer)
+            elif state != LEFT:
+                if not probing or peer.name in partners or peer.role == "bootstrap":
+                    beat.append(peer)
+                if state != ALIVE:
+                    unsettled.append(peer.name)
+        if beat:
+            heartbeat = self.message("heartbeat", self.identity())
+            try:
+                encoded = (heartbeat, encode(heartbeat))
+            except ValueError as exc:  # this member's own identity broke the wire's rules: a bug, said; the period
+                # goes on (its probes, sync and connections), and no partner is dropped for it
+                self.complaints.warning("heartbeat", "%s: its heartbeat cannot be sent: %s", self.name, exc)
+            else:
+                for peer in beat:
+                    self._send(peer, "heartbeat", heartbeat.body, encoded)
+        for peer in dead:
             # A dead peer may only have been cut off: probe it now and then so a healed partition heals.
             if now - self._last_probe.get(peer.name, 0.0) > self.options.probe_dead_every * period:
                 self._last_probe[peer.name] = now
@@ -675,12 +707,12 @@ class Endpoint:
                     self._start_probe(peer, dead=True)
                 else:
                     self._send(peer, "heartbeat", self.identity())
-        for name in set(self._last_probe) - set(self.peers.peers):
+        for name in [n for n in self._last_probe if n not in self.peers.peers]:
             del self._last_probe[name]
-        live = self.peers.live()
         if probing:
-            self._probe_some(watched or set())
-        if live and (not probing or now - self._last_sync >= self.options.sync_every * period):
+            self._probe_some(watched or set(), unsettled)
+        live = self.peers.live() if not probing or now - self._last_sync >= self.options.sync_every * period else []
+        if live:
             # "all": the whole table to a few peers every period; "probe": SYNC_LISTED of it, drawn, to one peer now
             # and then, which heals what the news on pings missed (members that joined through different members)
             self._last_sync = now
@@ -694,10 +726,11 @@ class Endpoint:
                                                        if p["state"] in (ALIVE, SUSPECT)][:MAX_PEERS_LISTED]}
                 for peer in random.sample(live, min(self.options.gossip_fanout, len(live))):
                     self._send(peer, "gossip", gossip)
-        kept = {p.address for p in self.peers.peers.values()}
         if probing:  # connections only to the peers it works with, the bootstrap, and those being probed
-            kept = {p.address for p in self.peers.peers.values() if p.name in partners or p.role == "bootstrap"
-                    or p.name in self._probing or p.name in self._syncing}
+            table = self.peers.peers
+            kept = {table[n].address for n in partners | bootstraps | self._probing | self._syncing if n in table}
+        else:
+            kept = {p.address for p in self.peers.peers.values()}
         for address in set(self.transport.dealers) - kept:
             if not self.transport.in_flight.get(address):  # e.g. a join request still waiting
                 self.transport.forget(address)  # connections of forgotten peers (and, probing, of idle ones)
@@ -710,12 +743,12 @@ class Endpoint:
     # probes that member itself: in an open mesh nobody can prove news about a third member, so such news may
     # cost a probe, never a member's entry. An incarnation here is a process start, not a refutation counter.
 
-    def _probe_some(self, watched: set[str]) -> None:
+    def _probe_some(self, watched: set[str], unsettled: list[str] | None = None) -> None:
         """Start this period's probes: every suspect and every peer not heard from yet (an introduction, until it
         answers), up to VERIFY_PER_PERIOD peers others said were failing, and the next alive peer of the
         round-robin whose silence is not timed already (a partner that heartbeats us is heard from anyway). None
-        to a peer being pinged already."""
-        targets = [p.name for p in self.peers.by_state(SUSPECT, JOINING)]
+        to a peer being pinged already. unsettled: the suspect and joining peers' names, if the caller has them."""
+        targets = [p.name for p in self.peers.by_state(SUSPECT, JOINING)] if unsettled is None else list(unsettled)
         for _ in range(min(VERIFY_PER_PERIOD, len(self._verify))):
             targets.append(self._verify.popitem(last=False)[0])
         refilled = False

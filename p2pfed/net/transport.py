@@ -485,10 +485,12 @@ class Transport:
             # under load: the refusal's reason was lost, and a caller without keys waited out its timeout)
             self.handshakes[address] = (_HANDSHAKE[kind], kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
-    def send_nowait(self, address: str, msg: Message, server_key: bytes | None = None) -> bool:
-        """Send a small message that needs no reply (heartbeat, gossip); return False if it could not go now."""
+    def send_nowait(self, address: str, msg: Message, server_key: bytes | None = None,
+                    frames: list[Any] | None = None) -> bool:
+        """Send a small message that needs no reply (heartbeat, gossip); return False if it could not go now.
+        frames: msg encoded already (the same message to several peers is encoded once)."""
         try:
-            frames = encode(msg)
+            frames = encode(msg) if frames is None else frames
             # With NOBLOCK the asyncio socket tries the send at once and returns a finished future.
             fut = typing.cast("asyncio.Future[Any]", self._dealer(address, server_key).send_multipart(
                 frames, flags=zmq.NOBLOCK, copy=False))

@@ -657,6 +657,51 @@ async def test_a_member_heartbeats_only_its_partners_and_probes_one_peer_a_perio
     assert nodes[1].transport.sent["heartbeat"] - heartbeats >= 3
 
 
+async def test_a_period_encodes_its_heartbeat_once_for_all_its_partners_and_reads_only_what_can_change(
+        members: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each member of a process reads its own table every period: the heartbeat goes to each partner and the
+    bootstrap from one encoding, and an alive peer that is neither (most of a large table) is neither heartbeated,
+    swept nor kept a connection to; the dead are probed, the suspect and joining too."""
+    from p2pfed.net import endpoint as endpoint_module
+
+    e = members("n0", options=dataclasses.replace(FAST, insecure=True))
+    await e.start("tcp://127.0.0.1:0")
+    now = e.peers.clock()
+    for i in range(40):
+        e.peers.peers[f"p{i}"] = Peer(f"p{i}", f"tcp://127.0.0.1:{30000 + i}", state=ALIVE, last_seen=now, period=0.1)
+    e.peers.peers["boot"] = Peer("boot", "tcp://127.0.0.1:29999", "bootstrap", state=ALIVE, last_seen=now)
+    e.peers.peers["gone"] = Peer("gone", "tcp://127.0.0.1:29998", state=DEAD, last_seen=now - 60, dead_since=now)
+    e.peers.peers["new"] = Peer("new", "tcp://127.0.0.1:29997", state=JOINING, last_seen=now)
+    for name in ("p3", "p7"):
+        e.peers.touched(name)
+    encoded, sent, probed = [0], [], []
+    encode = endpoint_module.encode
+
+    def counted(msg: Message) -> list[object]:
+        encoded[0] += 1
+        return encode(msg)
+
+    monkeypatch.setattr(endpoint_module, "encode", counted)
+    monkeypatch.setattr(e.transport, "send_nowait", lambda address, msg, key=None, frames=None: sent.append(
+        (address, msg.type, frames)) or True)
+    e._start_probe = lambda peer, dead=False: probed.append(peer.name)  # type: ignore[method-assign]
+    e._beat(e.peers.clock(), 0.0)
+    assert encoded == [1]  # one heartbeat, encoded once
+    assert sorted(a for a, t, _ in sent) == ["tcp://127.0.0.1:29999", "tcp://127.0.0.1:30003", "tcp://127.0.0.1:30007"]
+    assert len({id(f) for _, _, f in sent}) == 1 and {t for _, t, _ in sent} == {"heartbeat"}
+    # the dead peer (probed now and then), the joining one (its introduction) and one alive peer of the round-robin
+    assert probed[:2] == ["gone", "new"] and len(probed) == 3 and probed[2] not in ("p3", "p7", "gone", "new")
+    assert all(e.peers.peers[f"p{i}"].state == ALIVE for i in range(40))  # untimed: nobody turned suspect
+
+    def broken(msg: Message) -> list[object]:
+        raise ValueError("heartbeat body: a bug of this member's own")
+
+    monkeypatch.setattr(endpoint_module, "encode", broken)
+    e._beat(e.peers.clock(), 0.0)  # its own identity breaks the wire's rules: said, and the period goes on
+    assert len(sent) == 3 and len(e.peers.peers) == 43  # nothing sent, no partner dropped for it
+    assert probed[3] == "new" and len(probed) == 5  # the probes go on: the joining peer, the next of the round-robin
+
+
 async def test_the_members_of_one_process_share_its_pings_and_the_mesh_still_forms(
         members: Make, monkeypatch: pytest.MonkeyPatch) -> None:
     # 80 keyed members of one process, each with 16 pings out, had 1,465 answered members turn suspect while forming

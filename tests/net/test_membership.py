@@ -404,3 +404,34 @@ def test_partners_are_the_live_peers_worked_with_lately() -> None:
     assert t.partners(10) == {"b"}
     t.mark_dead("b")
     assert t.partners(10) == set()
+
+
+def test_partners_read_back_only_as_far_as_the_window_and_see_each_peer_as_it_is_now() -> None:
+    """partners() reads its index of work from the latest back to the window's start: a peer worked with again moves
+    to the end, one asked (not heard) counts but is not heard, and an entry gossip replaced since (a new process of
+    the name, only heard of) or one forgotten has not worked."""
+    t, clock = table()
+    for name in ("a", "b", "c", "d"):
+        hear(t, name)
+    t.touched("a")
+    clock.t += 5
+    t.asked("b")  # we asked b: a partner, but b has not said it knows (heard=False only)
+    t.touched("c")
+    clock.t += 5
+    t.touched("a")  # a again: the latest now, though it was the first
+    assert t.partners(4) == {"a"}
+    assert t.partners(11) == {"a", "b", "c"}
+    assert t.partners(11, heard=True) == {"a", "c"}
+    t.sweep()  # c, heard 5 s ago, is suspect (still live); b, heard 10 s ago (asking is not hearing), is dead
+    assert t.partners(11) == {"a", "c"}
+    hear(t, "b")  # b again: its work with us is still within the window
+    assert t.partners(11) == {"a", "b", "c"}
+    assert t.learned_of({"name": "c", "address": "tcp://1.2.3.4:5", "role": "node", "incarnation": 2, "pubkey": "",
+                         "state": ALIVE, "round": 0}) is False  # a live c decides for itself
+    t.mark_dead("c")
+    assert t.learned_of({"name": "c", "address": "tcp://1.2.3.4:6", "role": "node", "incarnation": 2, "pubkey": "",
+                         "state": ALIVE, "round": 0})  # a new process of c, only heard of: no work with it yet
+    assert t.partners(11) == {"a", "b"}
+    del t.peers["b"]  # forgotten
+    assert t.partners(11) == {"a"}
+    assert list(t.worked) == ["b", "c", "a"]  # the order of work, latest last (gone names cost nothing here)
