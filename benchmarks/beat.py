@@ -91,9 +91,14 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="a checkout of other code, measured interleaved with this one")
     ap.add_argument("--json", type=Path, help="also write the figures here (what docs/ tables are drawn from)")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes takes whole numbers, comma-separated (got {args.sizes!r})")
     if any(not 1 <= s <= 1024 for s in sizes):
-        sys.exit("--sizes: each between 1 and 1024 (a member's table holds at most max_peers = 1,024)")
+        ap.error("--sizes: each between 1 and 1024 (a member's table holds at most max_peers = 1,024)")
+    if args.before is not None and not (args.before / "p2pfed" / "__init__.py").exists():
+        ap.error(f"--before takes a checkout of p2pfed (a folder holding p2pfed/__init__.py): {args.before}")
     trees = {"this": HERE, **({"before": args.before.resolve()} if args.before else {})}
     runs: dict[tuple[str, int], list[dict[str, float]]] = {(t, n): [] for t in trees for n in sizes}
     for r in range(args.rounds):

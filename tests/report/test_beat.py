@@ -34,3 +34,5 @@ def test_times_the_period_for_each_size_and_tree_and_draws_its_table(tmp_path: P
 def test_refuses_a_table_larger_than_a_member_holds() -> None:
     done = run("--sizes", "2000", "--periods", "1", "--rounds", "1")
     assert done.returncode != 0 and "at most max_peers" in done.stderr
+    assert "whole numbers" in run("--sizes", "abc").stderr
+    assert "a checkout of p2pfed" in run("--before", "/nonexistent").stderr
