@@ -743,12 +743,12 @@ class Endpoint:
     # probes that member itself: in an open mesh nobody can prove news about a third member, so such news may
     # cost a probe, never a member's entry. An incarnation here is a process start, not a refutation counter.
 
-    def _probe_some(self, watched: set[str], unsettled: list[str] | None = None) -> None:
+    def _probe_some(self, watched: set[str], unsettled: list[str]) -> None:
         """Start this period's probes: every suspect and every peer not heard from yet (an introduction, until it
         answers), up to VERIFY_PER_PERIOD peers others said were failing, and the next alive peer of the
         round-robin whose silence is not timed already (a partner that heartbeats us is heard from anyway). None
-        to a peer being pinged already. unsettled: the suspect and joining peers' names, if the caller has them."""
-        targets = [p.name for p in self.peers.by_state(SUSPECT, JOINING)] if unsettled is None else list(unsettled)
+        to a peer being pinged already. unsettled: the suspect and joining peers' names (the period has them)."""
+        targets = list(unsettled)
         for _ in range(min(VERIFY_PER_PERIOD, len(self._verify))):
             targets.append(self._verify.popitem(last=False)[0])
         refilled = False
