@@ -14,7 +14,10 @@ the same sweep.
 
 With --against DIR (another checkout of p2pfed, e.g. `git worktree add DIR COMMIT`), each size runs twice, A B
 A B over --repeat pairs: first with DIR's p2pfed (PYTHONPATH), then with this checkout's; each row says which
-("code"), and the table gives this checkout's figures as ratios to DIR's of the same pair. Either way each row
+("code"), and the table gives this checkout's figures as ratios to DIR's of the same pair. --set KEY=VALUE (as
+`p2pfed run --set` takes it, repeatable) goes to this checkout's runs alone (DIR's code may not know the key),
+e.g. `--against DIR --set mesh.introduce_up_to=64`, DIR a worktree of this commit: one code, the option's two
+sides; each row lists what it was given ("set"). Either way each row
 also counts, over the run's logs, how often a member took a peer for silent (suspect) and for dead, per node, and
 how many of those the peer refuted, heard again later: the false alarms (a peer that finished and left is rightly
 dead).
@@ -26,6 +29,7 @@ Needs psutil (the `bench` extra: pip install -e ".[bench]").
 
 Run: python benchmarks/scale.py [--sizes 50,100,250,500,1000] [--rounds 12] [--timeout 7200] [--work DIR]
          [--json benchmarks/results/scale.json] [--plot docs/scale.png] [--against DIR [--repeat 2]]
+         [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -82,15 +86,15 @@ def verdicts(out: Path) -> dict[str, int]:
     return counts
 
 
-def one(n: int, rounds: int | None, work: Path, timeout: float, code: Path | None = None, tag: str = ""
-        ) -> dict[str, Any]:
+def one(n: int, rounds: int | None, work: Path, timeout: float, code: Path | None = None, tag: str = "",
+        given: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the scenario at n nodes, watched (with code's p2pfed where given); its figures, and why it failed if it
     did."""
     out = work / f"n{n}{tag}"
     if out.exists():  # p2pfed run keeps what a folder holds: the run would measure nothing, and count old logs
         raise SystemExit(f"{out} exists: give --work a folder without earlier runs")
     sets = [f"scenario.nodes={n}", f"methods.{METHOD}.all_pairs_up_to=1",
-            *([f"scenario.rounds={rounds}"] if rounds else [])]
+            *([f"scenario.rounds={rounds}"] if rounds else []), *given]
     cmd = [sys.executable, "-m", "p2pfed", "run", str(SCENARIO), "--out", str(out), "-q"]
     for s in sets:
         cmd += ["--set", s]
@@ -110,7 +114,7 @@ def one(n: int, rounds: int | None, work: Path, timeout: float, code: Path | Non
     row: dict[str, Any] = {"nodes": n, "wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_mb": run.peak_mb,
                            "sockets_per_process": max(run.sockets.values(), default=0), "log": str(log),
                            "processes": run.processes, "code": str(code) if code is not None else "this",
-                           "p2pfed": source}
+                           "p2pfed": source, "set": list(given)}
     seen = verdicts(out)
     row.update({"suspect_per_node": seen["suspect"] / n, "dead_per_node": seen["dead"] / n,
                 "refuted_per_node": seen["refuted"] / n})
@@ -214,7 +218,11 @@ def main() -> int:
     parser.add_argument("--against", type=Path, help="another checkout of p2pfed: each size runs with it, then "
                         "with this one, A B A B")
     parser.add_argument("--repeat", type=int, default=1, help="with --against: pairs of runs a size (default 1)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for this checkout's runs alone, as p2pfed run --set takes it (repeatable)")
     args = parser.parse_args()
+    if any("=" not in s for s in args.sets):
+        parser.error(f"--set takes KEY=VALUE (got {next(s for s in args.sets if '=' not in s)[:80]!r})")
     if args.against is not None and not (args.against / "p2pfed" / "__init__.py").exists():
         parser.error(f"--against takes a checkout of p2pfed (a folder holding p2pfed/__init__.py): {args.against}")
     if not 1 <= args.repeat <= 10 or (args.repeat > 1 and args.against is None):
@@ -236,7 +244,8 @@ def main() -> int:
             for code, tag in ((args.against.resolve(), "against"), (None, "this"))]
         for n, code, tag in runs:
             print(f"{n} nodes{' with ' + str(code) if code else ''} ...", file=sys.stderr, flush=True)
-            rows.append(one(n, args.rounds or None, work, args.timeout, code, tag))
+            rows.append(one(n, args.rounds or None, work, args.timeout, code, tag,
+                            () if code is not None else tuple(args.sets)))
             if args.against is None:
                 with_ratios(rows)
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "processes"}), file=sys.stderr, flush=True)

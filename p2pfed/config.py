@@ -40,6 +40,11 @@ class MeshConfig:
     # "all": heartbeat every peer and gossip the whole table each period (what members did before "probe"). Every
     # member of a mesh must use the same: a member of the other form is refused, naming both
     membership: str = "probe"
+    # "probe": a member pings the peers it hears of while it has fewer live peers than this (and pings on their
+    # way); past it, a peer heard of is introduced when first worked with (a request pings it first) or when it
+    # reaches out itself: forming a mesh of N costs N * introduce_up_to pings, not N²/2 (docs/design.md, "Lazy
+    # introduction"). The default, the largest table, introduces every peer heard of
+    introduce_up_to: int = 1024
 
     def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:
         """The options of an endpoint of this mesh: its membership timing and its transport's message cap."""
@@ -48,7 +53,8 @@ class MeshConfig:
 
         return (MeshOptions(mesh=self.mesh, heartbeat=self.heartbeat, suspect_after=self.suspect_after,
                             dead_after=self.dead_after, request_timeout=self.request_timeout,
-                            join_give_up=self.join_give_up, insecure=self.insecure, membership=self.membership),
+                            join_give_up=self.join_give_up, insecure=self.insecure, membership=self.membership,
+                            introduce_up_to=self.introduce_up_to),
                 TransportOptions(max_message_bytes=self.max_message_mb << 20))
 
     def validate(self, where: str) -> None:
@@ -63,6 +69,8 @@ class MeshConfig:
         _positive(where, "join_give_up", self.join_give_up)
         if not 1 <= self.suspect_after < self.dead_after:
             raise ConfigError(f"{where}suspect_after must be >= 1 and < dead_after (heartbeat periods)")
+        if not 1 <= self.introduce_up_to <= 1024:  # (1,024: MeshOptions.max_peers, the table's size)
+            raise ConfigError(f"{where}introduce_up_to must be in [1, 1024] live peers (got {self.introduce_up_to})")
         if self.membership not in MEMBERSHIP_FORMS:
             raise ConfigError(f"{where}membership must be one of {', '.join(repr(m) for m in MEMBERSHIP_FORMS)} "
                               f"(got {self.membership!r})")

@@ -389,6 +389,28 @@ def scale_against_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def scale_option_table(figures: dict[str, Any]) -> str:
+    """benchmarks/scale.py --against a worktree of the same commit, --set on this side: each pair of runs (without
+    the settings, then with them), a row a run and a row of ratios (with ÷ without)."""
+    keys = [("wall_s", "wall s", ".0f"), ("cpu_s", "CPU s", ".0f"), ("peak_mb", "peak MiB", ".0f"),
+            ("membership_per_node_s", "membership msg / node / s", ".2f"), ("mb_per_node", "MB sent / node", ".2f"),
+            ("dead_per_node", "dead / node", ".2f"), ("rounds_skipped", "rounds skipped", "d")]
+    rows = ["| N | run | " + " | ".join(title for _, title, _ in keys) + " | nodes finished | ARI | accuracy % |",
+            "|---:|---|" + "---:|" * (len(keys) + 3)]
+    runs = figures["rows"]
+    pairs = [(a, b) for a, b in zip(runs[::2], runs[1::2], strict=False) if a["code"] != "this" == b["code"]]
+    for k, (a, b) in enumerate(pairs, 1):
+        for r, what in ((a, f"pair {k}, default"), (b, f"pair {k}, {' '.join(b['set'])}")):
+            cells = [format(r[key], form) if key in r else "–" for key, _, form in keys]
+            ari = f"{r['ari']:.3f}" if r.get("ari") is not None else "–"
+            accuracy = f"{100 * r['accuracy']:.2f}" if "accuracy" in r else "–"
+            rows.append(f"| {r['nodes']} | {what} | " + " | ".join(cells)
+                        + f" | {r.get('finished', 0)}/{r['nodes']} | {ari} | {accuracy} |")
+        ratio = [f"{b[key] / a[key]:.2f}" if a.get(key) and key in b else "–" for key, _, _ in keys]
+        rows.append(f"| {a['nodes']} | pair {k}, set ÷ default | " + " | ".join(ratio) + " | | | |")
+    return "\n".join(rows)
+
+
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
     "lia-1-thread.json": lia_table,
@@ -398,8 +420,8 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "membership.json": membership_table, "beat.json": beat_table, "sampling.json": sampling_table,
     "scale.json": scale_table, "scale-kept-period.json": scale_against_table,
     "scale-250-beat.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
-    "scale-1000-sample.json": scale_wait_table,
-    "start.json": start_table, "scale-1000-phase.json": phase_table}
+    "scale-1000-sample.json": scale_wait_table, "scale-1000-beat.json": scale_wait_table,
+    "start.json": start_table, "scale-1000-phase.json": phase_table, "scale-lazy.json": scale_option_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:

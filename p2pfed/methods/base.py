@@ -129,6 +129,11 @@ class PeerContext(NodeContext, Protocol):
     def live_peers(self) -> list[str]:
         """Names of the learning peers currently alive."""
 
+    @property
+    def lazy(self) -> bool:
+        """Whether this node introduces itself lazily ([mesh] introduce_up_to): it hears directly from about that
+        many peers, and knows the rest from news (a request to one introduces it)."""
+
     def members(self) -> list[str]:
         """Names of every learning member this node has known of, itself included, alive or not, sorted: a set
         that only grows (a member that dies, finishes or is forgotten by the membership table keeps its place),

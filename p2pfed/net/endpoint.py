@@ -1,8 +1,9 @@
 """A member of a mesh: its transport, its peer table, and the tasks that keep the table true.
 
 Joining: a hello to any known address (the bootstrap or any live member) returns a welcome with the
-responder's peer list, and the newcomer introduces itself to each of those peers. From then on, under the
-probing membership (the default, ``membership = "probe"``), a member sends each heartbeat period:
+responder's peer list, and the newcomer introduces itself to each of those peers (with ``introduce_up_to``, while
+it has fewer live peers than that: the rest when it first works with them, lazy introduction). From then on,
+under the probing membership (the default, ``membership = "probe"``), a member sends each heartbeat period:
 - a heartbeat to its partners (the peers it sent a request to or answered one of, or heard a model or request
   from, in the last ``partner_window`` periods) and to the bootstrap. A partner whose own contact says it knows
   (and so heartbeats back) is suspect after ``suspect_after`` periods of silence and dead after ``dead_after``;
@@ -112,6 +113,10 @@ class MeshOptions:
     membership: str = "probe"
     partner_window: float = 30.0  # heartbeat periods a peer stays a partner after the last model or request
     sync_every: float = 10.0  # heartbeat periods between table syncs to one random peer ("probe")
+    # "probe": pings to peers heard of go out while the member has fewer live peers than this (counting the pings on
+    # their way); past it, a peer heard of waits, neither pinged nor timed, until a request introduces it or it
+    # reaches out itself (lazy introduction). At max_peers or more, every peer heard of is pinged (eager)
+    introduce_up_to: int = 1024
 
 
 # Running out of open files is the whole process's trouble: one line a minute for all its members, not a
@@ -303,6 +308,11 @@ class Endpoint:
         self._verify: OrderedDict[str, None] = OrderedDict()
         self._news: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
         self._last_sync = 0.0
+        # Lazy introduction ("probe", introduce_up_to under max_peers): introductions this member may still start
+        # (introduce_up_to less its live peers and the introductions on their way, counted each period)
+        self.lazy = self.options.membership == "probe" and self.options.introduce_up_to < self.options.max_peers
+        self.peers.patient = self.lazy
+        self._introduce_room = self.options.introduce_up_to
         self.kept_period = self.options.heartbeat  # the period it keeps, told in its identity (_keep_pace)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -482,7 +492,8 @@ class Endpoint:
             return live
         partners = self.peers.partners(self.options.partner_window * self.options.heartbeat)
         told = [p for p in live if p.address in self.transport.dealers or p.role != "node" or p.name in partners]
-        rest = [p for p in live if p not in told]
+        # (lazy introduction: not to the peers it let wait, strangers to it, which may refuse a stranger's word)
+        rest = [p for p in live if p not in told and not (self.lazy and p.state == JOINING)]
         return told + random.sample(rest, min(GOODBYE_OTHERS, len(rest)))
 
     async def _goodbye(self, peer: Peer) -> bool:
@@ -493,6 +504,10 @@ class Endpoint:
         except DeliveryError:
             return False
         return await self.transport.send(peer.address, self.message("leave", {}), 0.5, key)
+
+    def introducing_to(self, peer: Peer) -> bool:
+        """Whether this member is introducing itself to peer, a joining one: its ping is out, or waits its turn."""
+        return peer.state == JOINING and (peer.introduced is not None or peer.name in self._queued)
 
     def introduces(self, peer: Peer) -> bool:
         """Whether a request to peer pings it first: probing, a peer known from gossip alone (it may not know this
@@ -676,9 +691,13 @@ class Endpoint:
         beat: list[Peer] = []
         dead: list[Peer] = []
         unsettled: list[str] = []
+        unheard: list[str] = []  # (lazy) joining peers not spoken to yet, introduced while there is room
         bootstraps: set[str] = set()
-        for peer in [p for p in self.peers.peers.values()  # (under "probe", an alive peer not a partner needs nothing)
-                     if not probing or p.state != ALIVE or p.role == "bootstrap" or p.name in partners]:
+        listed = [p for p in self.peers.peers.values()  # (under "probe", an alive peer not a partner needs nothing)
+                  if not probing or p.state != ALIVE or p.role == "bootstrap" or p.name in partners]
+        # (lazy) its live members (a bootstrap among them) and the introductions on their way
+        heard, pending = len(self.peers.peers) - len(listed), 0
+        for peer in listed:
             state = peer.state
             if peer.role == "bootstrap":
                 bootstraps.add(peer.name)
@@ -687,8 +706,21 @@ class Endpoint:
             elif state != LEFT:
                 if not probing or peer.name in partners or peer.role == "bootstrap":
                     beat.append(peer)
+                if not self.lazy:
+                    pass
+                elif state != JOINING:
+                    heard += 1
+                elif self.introducing_to(peer):
+                    pending += 1
+                else:
+                    unheard.append(peer.name)
+                    continue
                 if state != ALIVE:
                     unsettled.append(peer.name)
+        if self.lazy:
+            room = max(0, self.options.introduce_up_to - heard - pending)
+            unsettled += unheard[:room]
+            self._introduce_room = room - min(room, len(unheard))
         if beat:
             heartbeat = self.message("heartbeat", self.identity())
             try:
@@ -986,7 +1018,11 @@ class Endpoint:
             if self.peers.learned_of(info):
                 log.debug("%s: learned of %s at %s", self.name, info["name"], info["address"])
                 peer = self.peers.peers[info["name"]]
-                if self.options.membership == "probe":
+                if self.lazy:  # introduced now while there is room, else when worked with or when it reaches out
+                    if self._introduce_room > 0:
+                        self._introduce_room -= 1
+                        self._start_probe(peer)
+                elif self.options.membership == "probe":
                     self._start_probe(peer)  # introduce now; its pong is our first contact, a ping retried till then
                 else:
                     self.peers.introducing(peer.name)

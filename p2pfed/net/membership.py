@@ -109,6 +109,10 @@ class PeerTable:
     forget_after: float = 600.0
     period: float = 1.0  # this member's heartbeat period; suspect_after and dead_after were set for it
     max_peers: int = 1024
+    # lazy introduction (net/endpoint.py): a joining peer not spoken to yet waits to be worked with, not timed; where
+    # the peers only heard of fill their quarter of the table, a newer one heard of takes the place of the oldest
+    # (news is likelier current than an old mention: a member gone meanwhile is never timed out)
+    patient: bool = False
     clock: Callable[[], float] = time.monotonic
     wall_ns: Callable[[], int] = time.time_ns
     peers: dict[str, Peer] = field(default_factory=dict)
@@ -139,11 +143,16 @@ class PeerTable:
     def _room_for(self, name: str, heard: bool) -> bool:
         """True if name is known or may be added: making room by forgetting the longest-dead peer, or, for a
         peer heard from directly, the oldest one only introduced by gossip. Gossip alone may fill at most a
-        quarter of the table (so made-up names in gossip cannot keep real members out)."""
+        quarter of the table (so made-up names in gossip cannot keep real members out); patient, a newer name
+        takes the place of the oldest there not being introduced."""
         if name in self.peers:
             return True
         if not heard and sum(p.state == JOINING for p in self.peers.values()) >= max(1, self.max_peers // 4):
-            return False
+            waiting = [p for p in self.peers.values() if p.state == JOINING and p.introduced is None]
+            if not self.patient or not waiting:
+                return False
+            del self.peers[min(waiting, key=lambda p: p.last_seen).name]
+            return True
         if len(self.peers) < self.max_peers:
             return True
         gone = [p for p in self.peers.values() if p.state in (DEAD, LEFT)]
@@ -314,7 +323,9 @@ class PeerTable:
     def sweep(self, watched: set[str] | None = None) -> list[Change]:
         """Apply the timing rules: silent peers become suspect, then dead; long-dead peers are forgotten. With
         watched, only those alive peers' silence makes them suspect (the others are heard from only when probed);
-        a suspect or joining peer's silence makes it dead either way."""
+        a suspect or joining peer's silence makes it dead either way. A joining peer not spoken to yet is timed
+        from nothing: dead after forget_after (its introduction was due, and never went), or, patient (lazy
+        introduction: it is introduced when worked with), never."""
         now = self.clock()
         changes = []
         # An alive peer whose silence is not timed (heard from only when probed) has nothing to time: most of a
@@ -328,7 +339,7 @@ class PeerTable:
                 continue
             since = peer.last_seen
             if peer.state == JOINING:
-                if peer.introduced is None and now - peer.last_seen <= self.forget_after:
+                if peer.introduced is None and (self.patient or now - peer.last_seen <= self.forget_after):
                     continue  # not yet spoken to (its ping waits its turn): its silence says nothing yet
                 since = peer.introduced if peer.introduced is not None else -math.inf
             silent = (now - since) / self._ratio(peer)

@@ -87,6 +87,10 @@ class LearningNode(LocalNode):
         """Learning peers (not the bootstrap) that are alive or suspect."""
         return self.endpoint.peers.live_names("node")
 
+    @property
+    def lazy(self) -> bool:
+        return self.endpoint.lazy
+
     def members(self) -> list[str]:
         self.known.update(p.name for p in self.endpoint.peers.peers.values() if p.role == "node")
         return sorted(self.known)
@@ -280,7 +284,10 @@ class LearningNode(LocalNode):
         if start_timeout is None:
             start_timeout = max(START_WAIT, START_PER_PEER * wait_for_peers)
         deadline = time.monotonic() + start_timeout
-        # A restarted node does not wait for the run to start: the others have (some may have finished).
+        # A restarted node does not wait for the run to start: the others have (some may have finished). Under lazy
+        # introduction ([mesh] introduce_up_to) a node hears directly from about that many peers, not from all it
+        # expects: it waits to know of them all, heard from or heard of (what a method decides at its start, e.g.
+        # a large mesh's warm-up aggregators, is drawn over the members known: every node must know the same).
         told = 0.0
         while resumed is None and self.peers_seen() < wait_for_peers and time.monotonic() < deadline:
             if time.monotonic() - told > WAIT_TOLD_EVERY:
@@ -301,8 +308,11 @@ class LearningNode(LocalNode):
             p.role == "node" and p.round >= 2 for p in self.endpoint.peers.peers.values()))
         if late:
             # A late (or restarted) node first hears from the members its join introduced to it (those that
-            # have left since fall silent and are declared dead within a few heartbeats).
-            while time.monotonic() < deadline and any(p.state == JOINING for p in self.endpoint.peers.peers.values()):
+            # have left since fall silent and are declared dead within a few heartbeats; under lazy introduction,
+            # those it introduces itself to now).
+            lazy, introducing = self.endpoint.lazy, self.endpoint.introducing_to
+            while time.monotonic() < deadline and any(p.state == JOINING and (not lazy or introducing(p))
+                                                      for p in self.endpoint.peers.peers.values()):
                 await asyncio.sleep(0.1)
         rnd = start_round
         if start_round > 0 and resumed is None:  # a late joiner starts at the mesh's round (not a skip)
@@ -317,8 +327,10 @@ class LearningNode(LocalNode):
         self.round = self.scenario.rounds
 
     def peers_seen(self) -> int:
-        """Learning peers this node has heard from directly (even if they have since finished and left)."""
-        return sum(1 for p in self.endpoint.peers.peers.values() if p.role == "node" and p.state != JOINING)
+        """Learning peers this node has heard from directly (even if they have since finished and left), or, under
+        lazy introduction, those it knows of (it hears directly only from the peers it introduces itself to)."""
+        lazy = self.endpoint.lazy
+        return sum(1 for p in self.endpoint.peers.peers.values() if p.role == "node" and (lazy or p.state != JOINING))
 
     def mesh_round(self, rnd: int) -> int:
         """The highest round that a quorum of the live peers this node averages with in rnd report having

@@ -131,6 +131,69 @@ async def test_a_stall_of_the_members_own_loop_is_not_a_joining_peers_silence(me
     assert me.peers.peers["b"].state == JOINING
 
 
+async def test_a_lazy_member_introduces_itself_to_as_many_peers_as_it_keeps_live_and_lets_the_rest_wait(
+        members: Make) -> None:
+    # Forming a mesh of N costs each member a ping to every peer it hears of: N²/2 introductions, some 500,000 at
+    # 1,000 nodes on one machine, each on a connection of its own with a CURVE handshake. With introduce_up_to = 4 a
+    # member pings peers heard of while it has fewer than 4 live peers and introductions on their way; the rest wait,
+    # neither pinged nor timed (a request introduces them).
+    me = members("me", options=dataclasses.replace(FAST, introduce_up_to=4))
+    await me.start("tcp://127.0.0.1:0")
+    clock = [me.peers.clock()]
+    me.peers.clock = lambda: clock[0]
+    pinged: list[str] = []
+    # (the introductions: a dead peer's now-and-then probe and the round-robin probe of a live one aside)
+    me._start_probe = (  # type: ignore[method-assign]
+        lambda peer, dead=False: pinged.append(peer.name) if peer.state == JOINING else None)
+    for name in ("h0", "h1"):
+        me.peers.heard_from(name, f"tcp://127.0.0.1:{free_port()}", "node", 1, "", 0)
+    me._beat(clock[0], 0.0)
+    assert me.lazy and pinged == []  # two live peers: room for two introductions
+    key = me.keys.public.decode() if me.keys else ""
+    me.learn([{"name": f"j{i}", "address": f"tcp://127.0.0.1:{20000 + i}", "role": "node", "incarnation": 1,
+               "pubkey": key, "state": ALIVE, "round": 0} for i in range(6)])
+    assert pinged == ["j0", "j1"] and {states(me)[f"j{i}"] for i in range(6)} == {JOINING}
+    for name in pinged:
+        me.peers.introducing(name)  # (what the pings would have done)
+    pinged.clear()
+    me._beat(clock[0], 0.0)
+    assert set(pinged) == {"j0", "j1"}  # two live, two introductions on their way (asked again): no room for more
+    pinged.clear()
+    clock[0] += 3600  # an hour: those not spoken to are not dead, those that never answered are
+    me._beat(clock[0], 0.0)
+    assert [states(me)[f"j{i}"] for i in range(6)] == [DEAD] * 2 + [JOINING] * 4
+    assert pinged == ["j2", "j3"]  # room again: the next two (the table's order)
+    for i in (2, 3):  # they answer
+        me.peers.heard_from(f"j{i}", f"tcp://127.0.0.1:{20000 + i}", "node", 1, key, 0)
+    pinged.clear()
+    me._beat(clock[0], 0.0)
+    assert pinged == [] and states(me)["j4"] == JOINING  # four live: no more introductions
+    eager = members("eager", options=FAST)  # the default (max_peers): every peer heard of is pinged
+    eager._start_probe = lambda peer, dead=False: pinged.append(peer.name)  # type: ignore[method-assign]
+    pinged.clear()
+    eager.learn([{"name": f"k{i}", "address": f"tcp://127.0.0.1:{21000 + i}", "role": "node", "incarnation": 1,
+                  "pubkey": key, "state": ALIVE, "round": 0} for i in range(6)])
+    assert not eager.lazy and pinged == [f"k{i}" for i in range(6)]
+
+
+async def test_a_lazy_mesh_forms_and_a_request_to_a_peer_not_introduced_yet_reaches_it(members: Make) -> None:
+    lazy = dataclasses.replace(FAST, introduce_up_to=2)
+    _, nodes = await start_mesh(members, 6, lazy)
+    everyone = {n.name for n in nodes}
+    await wait_until(lambda: all(set(states(n)) >= everyone - {n.name} for n in nodes), what="everyone known")
+    await wait_until(lambda: all(sum(s == ALIVE for s in states(n).values()) >= 2 for n in nodes),
+                     what="each has introduced itself to two")
+    await asyncio.sleep(20 * FAST.heartbeat)
+    assert not any(DEAD in states(n).values() for n in nodes)  # those not introduced wait, not die
+    last = nodes[-1]  # its welcome listed the five before it; it pinged the first, and the others had no room
+    waiting = sorted(name for name, state in states(last).items() if state == JOINING)
+    assert waiting
+    target = next(n for n in nodes if n.name == waiting[0])
+    target.serve({"control": ack})
+    assert (await last.request(target.name, ping(last), 5)).body["ok"]
+    assert states(last)[target.name] == ALIVE and states(target)[last.name] == ALIVE
+
+
 async def known_from_gossip(members: Make) -> tuple[Endpoint, Endpoint]:
     """Two started members, a and b (which acks control messages), a knowing b from gossip alone (joining)."""
     a, b = members("a", options=FAST), members("b", options=FAST)

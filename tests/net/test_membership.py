@@ -173,6 +173,28 @@ def test_a_member_gossip_introduced_is_timed_from_our_first_word_to_it_not_from_
     assert t.sweep() == []
     clock.t += 0.001
     assert t.sweep() == [Change("c", JOINING, DEAD)]
+    # lazy introduction (patient): one heard of and not spoken to waits to be worked with, however long
+    t.patient = True
+    assert t.learned_of({**info, "name": "d"})
+    clock.t += 3600
+    assert t.sweep() == [] and t.peers["d"].state == JOINING
+    t.introducing("d")  # a request introduces it now: its silence is timed from then, as any introduction's
+    clock.t += 6.001
+    assert t.sweep() == [Change("d", JOINING, DEAD)]
+
+
+def test_a_patient_tables_peers_only_heard_of_make_room_for_newer_news_the_oldest_not_introduced_first() -> None:
+    # Under lazy introduction a peer heard of and never spoken to is never timed out: one that has left since would
+    # hold its place in the quarter of the table for peers only heard of, and the table would refuse every newer one
+    t = PeerTable("me", max_peers=8, clock=Clock(), patient=False)
+    info = {"address": "tcp://h:3", "role": "node", "incarnation": 5, "pubkey": "", "state": ALIVE, "round": 0}
+    assert t.learned_of({**info, "name": "a"}) and t.learned_of({**info, "name": "b"})
+    assert not t.learned_of({**info, "name": "c"})  # a quarter of 8: full, and an eager table refuses
+    t.patient = True
+    t.introducing("a")  # its ping is out: not the one to go
+    assert t.learned_of({**info, "name": "c"}) and set(t.peers) == {"a", "c"}
+    t.introducing("c")
+    assert not t.learned_of({**info, "name": "d"})  # both being introduced: none to give way
 
 
 def test_leave_and_last_will() -> None:

@@ -158,7 +158,8 @@ momentum = {momentum}
 
 
 def fedavg_node(out: Path, members: Callable[..., Endpoint], participation: float = 1.0, eval_every: int = 1,
-                momentum: float = 0.0, adversary: str | None = None) -> LearningNode:
+                momentum: float = 0.0, adversary: str | None = None, options: MeshOptions | None = None
+                ) -> LearningNode:
     """Node n01 of a 4-node digits scenario of decentralized FedAvg (6 rounds), its endpoint not started."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "rounds.toml"
@@ -167,7 +168,8 @@ def fedavg_node(out: Path, members: Callable[..., Endpoint], participation: floa
     s = load_scenario(path)
     dataset, partition = prepare_data(s)
     given = scenario_node(s, 1, dataset, partition)
-    return LearningNode(s, given, "fedavg-p2p", members("n01", options=MeshOptions()), out, conduct=conduct_of(s, 1))
+    return LearningNode(s, given, "fedavg-p2p", members("n01", options=options or MeshOptions()), out,
+                        conduct=conduct_of(s, 1))
 
 
 def heard(n: LearningNode, peer: str, rnd: int = 0) -> None:
@@ -646,6 +648,36 @@ async def test_a_node_that_starts_with_the_run_does_not_wait_for_introduced_peer
     introduced(n, "n00")  # gossip named it; it never answers (its address may be stale)
     await n.run(start_timeout=3)
     assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5] and ran[0][2] < 1.5
+
+
+async def test_under_lazy_introduction_a_node_waits_to_know_of_every_peer_it_expects_not_to_hear_from_each(
+        tmp_path: Path, members: Callable[..., Endpoint]) -> None:
+    # [mesh] introduce_up_to = 2: a member hears directly from about two peers, and knows of the rest from news.
+    # Seen with 40 nodes and introduce_up_to = 8 when it waited for introduce_up_to peers heard from instead: a node
+    # started knowing 5 members, drew its warm-up aggregators over those (the others drew theirs over 39), asked
+    # peers that were none, and waited twice a round's timeout (10 minutes) for their average.
+    lazy = MeshOptions(introduce_up_to=2)
+    n = fedavg_node(tmp_path / "start", members, options=lazy)
+    ran = scripted_rounds(n)
+    heard(n, "n00")
+    introduced(n, "n02")
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.5, introduced, n, "n03")  # heard of, never heard from: the third it expects
+    await n.run(wait_for_peers=3, start_timeout=5)
+    assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5] and 0.5 <= ran[0][2] < 2.5
+
+    late = fedavg_node(tmp_path / "late", members, options=lazy)
+    ran = scripted_rounds(late)
+    heard(late, "n00", 3)
+    heard(late, "n03", 3)
+    introduced(late, "n02")  # heard of and not introduced to: its silence does not hold the start
+    await late.run(start_round=1, start_timeout=5)
+    assert [r for r, _, _ in ran] == [3, 4, 5] and ran[0][2] < 1.5
+    introduced(late, "n04")
+    late.endpoint.peers.introducing("n04")  # one it introduces itself to now is waited for, as without lazy
+    ran = scripted_rounds(late)
+    await late.run(start_round=1, start_timeout=2)
+    assert ran and ran[0][2] >= 2
 
 
 async def test_a_late_joiner_starts_at_the_round_of_the_peers_it_averages_with_in_that_round(

@@ -178,7 +178,7 @@ class PFedLIAP2P(Method):
     def subscribers(self, rnd: int) -> set[str]:
         if self.chosen is None:
             if self.large_warmup(rnd):
-                return (set(self.aggregators(rnd)) - {self.node.name}) & set(self.node.live_peers())
+                return (set(self.aggregators(rnd)) - {self.node.name}) & self.known()
             return set(self.node.live_peers())
         return self.choosers & set(self.node.live_peers())
 
@@ -453,6 +453,12 @@ class PFedLIAP2P(Method):
         slow to answer), and a sample drawn from the live ones held 3.8 peers, not 16."""
         return {p for p in self.node.members() if p != self.node.name and not self.node.gone(p)}
 
+    def known(self) -> set[str]:
+        """The peers this node sends its warm-up models to (a large mesh's aggregators among them) and takes
+        recommended peers from: its live peers, or, under lazy introduction ([mesh] introduce_up_to), where it hears
+        directly from few of them, every peer reachable (sending or asking introduces it first)."""
+        return self.reachable() if self.node.lazy else set(self.node.live_peers())
+
     def paired(self) -> list[str]:
         """The reachable peers a shared draw pairs this node with for scoring: each pair with probability
         sample / members, the same draw on both sides (they may count the members a little differently)."""
@@ -547,7 +553,8 @@ class PFedLIAP2P(Method):
         callers = sorted(((self.choosers & live) | (self.pending & self.reachable())) - self.tried)
         step: list[str] = []
         if self.expanding:
-            fresh = {p: n for p, n in self.recommended.items() if p in live and p not in self.tried
+            known = self.known()
+            fresh = {p: n for p, n in self.recommended.items() if p in known and p not in self.tried
                      and p not in callers}
             step = sorted(fresh, key=lambda p: (-fresh[p], shared_number(self.node.seed, self.node.name, p)))
             room = SCORED_PER_SAMPLE * self.options.sample - len(self.tried) - len(self.pending)

@@ -39,6 +39,8 @@ class FakeNode:
     def live_peers(self) -> list[str]:
         return sorted(self.peers)
 
+    lazy = False
+
     def members(self) -> list[str]:
         return sorted([*self.peers, self.name])
 
@@ -469,6 +471,28 @@ async def test_a_large_meshs_straggler_does_not_wait_for_warm_up_aggregators_tha
     node.keeps[second[1]] = {"warmup-1"}
     await method.before_round(2)
     assert node.fetched == [(second[1], "warmup-1")] and node.loaded is not None
+
+
+async def test_a_sampling_node_sends_to_aggregators_and_asks_recommended_peers_it_has_not_heard_from_itself(
+        ) -> None:
+    """Under lazy introduction ([mesh] introduce_up_to) a node hears directly from few of its peers and knows the
+    rest from news: its warm-up models go to every aggregator it knows of, and a peer recommended to it is asked
+    though not heard from yet (the request introduces it; Endpoint.request)."""
+    members = [f"p{i:02d}" for i in range(30)]
+    node = FakeNode("me", members, dict.fromkeys(members, 1.0), {p: {"partial"} for p in members})
+    node.members = lambda: sorted([*members, "me"])  # type: ignore[method-assign]
+    method = ScoredPFedLIA(node, P2POptions(warmup_rounds=3, sample=4, all_pairs_up_to=10))
+    method.is_large = True
+    aggregators = set(method.aggregators(0)) - {"me"}
+    heard = [p for p in members if p not in aggregators][:5]
+    node.live_peers = lambda: heard  # type: ignore[method-assign]
+    assert method.subscribers(0) == set()  # eager: the aggregators it has heard from (none here)
+    node.lazy = True  # type: ignore[misc]
+    assert aggregators and method.subscribers(0) == aggregators
+    recommended = next(p for p in members if p not in heard)
+    method.chosen, method.expanding, method.recommended = set(), True, {recommended: 2}
+    await method.expand(5)
+    assert (recommended, "partial") in node.fetched and recommended in method.tried
 
 
 async def test_recommendations_are_known_members_only_and_a_mesh_of_all_pairs_keeps_none() -> None:

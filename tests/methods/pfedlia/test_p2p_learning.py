@@ -57,6 +57,8 @@ class Node:
     def live_peers(self) -> list[str]:
         return sorted(self.peers)
 
+    lazy = False
+
     def members(self) -> list[str]:
         return sorted([*self.peers, self.name])
 
