@@ -505,6 +505,26 @@ class Endpoint:
             return False
         return await self.transport.send(peer.address, self.message("leave", {}), 0.5, key)
 
+    async def ask_table(self) -> int:
+        """Ask a bootstrap for the members it knows (its status, as `p2pfed mesh status` asks) and take them as
+        news; return how many this member did not know (0 without an answer). Under lazy introduction the members
+        that joined after this one reach it as news on pings, few of which it and its peers then send (at 250
+        nodes with introduce_up_to = 64 the first to join started up to four minutes after the last):
+        every member heartbeats its bootstraps, which know them all."""
+        boots = [p for p in self.peers.peers.values() if p.role == "bootstrap" and p.state in (ALIVE, SUSPECT)]
+        if not boots or self.stopped:
+            return 0
+        peer = random.choice(boots)
+        try:
+            reply = await self.transport.request(peer.address, Message("status_req", self.name, mesh=self.options.mesh),
+                                                 self.options.request_timeout, self._server_key(peer))
+        except DeliveryError:
+            return 0
+        before = len(self.peers.peers)
+        if reply.type == "status" and reply.sender == peer.name:
+            self.learn(reply.body["peers"])
+        return len(self.peers.peers) - before
+
     def introducing_to(self, peer: Peer) -> bool:
         """Whether this member is introducing itself to peer, a joining one: its ping is out, or waits its turn."""
         return peer.state == JOINING and (peer.introduced is not None or peer.name in self._queued)

@@ -52,6 +52,10 @@ START_PER_PEER = 1.0  # seconds a node waits, at most, for each peer it expects 
 # seconds between counts of the peers heard while a node waits to start, for each 100 it expects (a count reads
 # the whole table: 250 nodes of a 1,000-node mesh counting every 0.1 s spent a fifth of their process on it)
 START_POLL_PER_100 = 0.1
+# Under lazy introduction a node waiting to know the mesh asks a bootstrap for its table this often (a second more
+# for each 50 peers it waits for: at 1,000, a bootstrap answers some 50 tables of 1,000 members a second)
+TABLE_ASK_EVERY = 5.0
+TABLE_ASK_PER_PEER = 0.02
 MAX_SAID_ROUNDS = 4096  # peers whose "not yet" round a node keeps (the most recently heard; a table holds 1,024)
 NAMES_SHOWN = 6  # peers named in a round's line (the rest counted)
 
@@ -288,8 +292,13 @@ class LearningNode(LocalNode):
         # introduction ([mesh] introduce_up_to) a node hears directly from about that many peers, not from all it
         # expects: it waits to know of them all, heard from or heard of (what a method decides at its start, e.g.
         # a large mesh's warm-up aggregators, is drawn over the members known: every node must know the same).
-        told = 0.0
+        told = asked = 0.0
         while resumed is None and self.peers_seen() < wait_for_peers and time.monotonic() < deadline:
+            every = max(TABLE_ASK_EVERY, TABLE_ASK_PER_PEER * wait_for_peers)
+            if self.endpoint.lazy and time.monotonic() - asked > every:
+                asked = time.monotonic()
+                await self.endpoint.ask_table()
+                continue
             if time.monotonic() - told > WAIT_TOLD_EVERY:
                 told = time.monotonic()
                 log.info("%s: waiting for %d more peers to start (%d of %d heard; %.0f s left)", self.name,

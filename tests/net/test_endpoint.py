@@ -178,8 +178,14 @@ async def test_a_lazy_member_introduces_itself_to_as_many_peers_as_it_keeps_live
 
 async def test_a_lazy_mesh_forms_and_a_request_to_a_peer_not_introduced_yet_reaches_it(members: Make) -> None:
     lazy = dataclasses.replace(FAST, introduce_up_to=2)
-    _, nodes = await start_mesh(members, 6, lazy)
+    boot, nodes = await start_mesh(members, 6, lazy)
     everyone = {n.name for n in nodes}
+    await wait_until(lambda: set(states(boot)) == everyone, what="all joined")
+    first = nodes[0]  # joined first: it hears of the others from news, or asks its bootstrap
+    for name in everyone - {first.name}:
+        first.peers.peers.pop(name, None)  # (as if none of their news had reached it yet)
+    assert await first.ask_table() > 0  # (some may have spoken to it meanwhile)
+    assert set(states(first)) == everyone - {first.name} | {"bootstrap"}
     await wait_until(lambda: all(set(states(n)) >= everyone - {n.name} for n in nodes), what="everyone known")
     await wait_until(lambda: all(sum(s == ALIVE for s in states(n).values()) >= 2 for n in nodes),
                      what="each has introduced itself to two")

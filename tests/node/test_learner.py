@@ -661,10 +661,18 @@ async def test_under_lazy_introduction_a_node_waits_to_know_of_every_peer_it_exp
     ran = scripted_rounds(n)
     heard(n, "n00")
     introduced(n, "n02")
+    asked: list[float] = []
+
+    async def ask_table() -> int:  # (its bootstrap's table: news of members it has not heard of)
+        asked.append(time.monotonic())
+        return 0
+
+    n.endpoint.ask_table = ask_table  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
     loop.call_later(0.5, introduced, n, "n03")  # heard of, never heard from: the third it expects
     await n.run(wait_for_peers=3, start_timeout=5)
     assert [r for r, _, _ in ran] == [0, 1, 2, 3, 4, 5] and 0.5 <= ran[0][2] < 2.5
+    assert len(asked) == 1  # at once, then every 5 s while it waits
 
     late = fedavg_node(tmp_path / "late", members, options=lazy)
     ran = scripted_rounds(late)
