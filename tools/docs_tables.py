@@ -369,14 +369,17 @@ def scale_wait_table(figures: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def against_pairs(runs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """benchmarks/scale.py --against's rows as (the other checkout's, this one's) pairs, in the order they ran."""
+    return [(a, b) for a, b in zip(runs[::2], runs[1::2], strict=False) if a["code"] != "this" == b["code"]]
+
+
 def scale_against_table(figures: dict[str, Any]) -> str:
     """benchmarks/scale.py --against: each pair of runs (another checkout's, then this one's), a row a pair."""
     rows = ["| N | run | wall s | CPU s | peak MiB | suspect / node | dead / node | refuted / node | nodes finished | "
             "ARI | accuracy % |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    runs = figures["rows"]
-    pairs = [(a, b) for a, b in zip(runs[::2], runs[1::2], strict=False) if a["code"] != "this" == b["code"]]
-    for k, (a, b) in enumerate(pairs, 1):
+    for k, (a, b) in enumerate(against_pairs(figures["rows"]), 1):
         for r, what in ((a, f"pair {k}, before"), (b, f"pair {k}, after")):
             ari = f"{r['ari']:.3f}" if r.get("ari") is not None else "–"
             accuracy = f"{100 * r['accuracy']:.2f}" if "accuracy" in r else "–"
@@ -397,9 +400,7 @@ def scale_option_table(figures: dict[str, Any]) -> str:
             ("dead_per_node", "dead / node", ".2f"), ("rounds_skipped", "rounds skipped", "d")]
     rows = ["| N | run | " + " | ".join(title for _, title, _ in keys) + " | nodes finished | ARI | accuracy % |",
             "|---:|---|" + "---:|" * (len(keys) + 3)]
-    runs = figures["rows"]
-    pairs = [(a, b) for a, b in zip(runs[::2], runs[1::2], strict=False) if a["code"] != "this" == b["code"]]
-    for k, (a, b) in enumerate(pairs, 1):
+    for k, (a, b) in enumerate(against_pairs(figures["rows"]), 1):
         for r, what in ((a, f"pair {k}, default"), (b, f"pair {k}, {' '.join(b['set'])}")):
             cells = [format(r[key], form) if key in r else "–" for key, _, form in keys]
             ari = f"{r['ari']:.3f}" if r.get("ari") is not None else "–"
