@@ -726,15 +726,14 @@ class Endpoint:
             elif state != LEFT:
                 if not probing or peer.name in partners or peer.role == "bootstrap":
                     beat.append(peer)
-                if not self.lazy:
-                    pass
-                elif state != JOINING:
-                    heard += 1
-                elif self.introducing_to(peer):
-                    pending += 1
-                else:
-                    unheard.append(peer.name)
-                    continue
+                if self.lazy:
+                    if state != JOINING:
+                        heard += 1
+                    elif self.introducing_to(peer):
+                        pending += 1
+                    else:
+                        unheard.append(peer.name)
+                        continue
                 if state != ALIVE:
                     unsettled.append(peer.name)
         if self.lazy:
