@@ -69,8 +69,11 @@ class MeshConfig:
         _positive(where, "join_give_up", self.join_give_up)
         if not 1 <= self.suspect_after < self.dead_after:
             raise ConfigError(f"{where}suspect_after must be >= 1 and < dead_after (heartbeat periods)")
-        if not 1 <= self.introduce_up_to <= 1024:  # (1,024: MeshOptions.max_peers, the table's size)
-            raise ConfigError(f"{where}introduce_up_to must be in [1, 1024] live peers (got {self.introduce_up_to})")
+        from p2pfed.net.endpoint import MeshOptions
+
+        if not 1 <= self.introduce_up_to <= MeshOptions.max_peers:  # (the table's size)
+            raise ConfigError(f"{where}introduce_up_to must be in [1, {MeshOptions.max_peers}] live peers (got "
+                              f"{self.introduce_up_to})")
         if self.membership not in MEMBERSHIP_FORMS:
             raise ConfigError(f"{where}membership must be one of {', '.join(repr(m) for m in MEMBERSHIP_FORMS)} "
                               f"(got {self.membership!r})")

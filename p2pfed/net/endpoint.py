@@ -522,7 +522,7 @@ class Endpoint:
             return 0
         before = len(self.peers.peers)
         if reply.type == "status" and reply.sender == peer.name:
-            self.learn(reply.body["peers"])
+            self.learn(reply.body["peers"], vouched=True)
         return len(self.peers.peers) - before
 
     def introducing_to(self, peer: Peer) -> bool:
@@ -625,7 +625,7 @@ class Endpoint:
                                     address, reply.sender)
                         continue
                     self._heard(reply)  # the reply's key is the one we dialled: the welcomer's name is bound to it
-                    self.learn(reply.body["peers"])
+                    self.learn(reply.body["peers"], vouched=True)
                     log.info("%s: joined mesh %s through %s (%s), %d peers known", self.name, self.options.mesh,
                              address, reply.sender, len(self.peers.live()) + len(self.peers.by_state(JOINING)))
                     self.joined.set()
@@ -1027,14 +1027,16 @@ class Endpoint:
         if change:
             self._changed(change)
 
-    def learn(self, peers: list[dict[str, Any]]) -> None:
-        """Take peers heard of from gossip or discovery; new ones are introduced to at once."""
+    def learn(self, peers: list[dict[str, Any]], vouched: bool = False) -> None:
+        """Take peers heard of from gossip or discovery; new ones are introduced to at once (lazy: while there is
+        room). vouched: the list of the member this one joined through, or of a bootstrap asked for its table (the
+        members whose tickets it was given), which a lazy member's table keeps outside news's quarter of it."""
         for info in peers:
             if self.keys and self.keys.closed and self.keys.key_of(info["name"]) != info["pubkey"].encode():
                 continue  # never dial a member whose key we would not accept as that member
             if self.keys and not info["pubkey"]:
                 continue  # an insecure member: this member cannot dial it
-            if self.peers.learned_of(info):
+            if self.peers.learned_of(info, vouched):
                 log.debug("%s: learned of %s at %s", self.name, info["name"], info["address"])
                 peer = self.peers.peers[info["name"]]
                 if self.lazy:  # introduced now while there is room, else when worked with or when it reaches out

@@ -75,6 +75,9 @@ class Peer:
     # dead only because it never answered its introduction (a joining peer's silence): not heard from, not known
     # to have failed (a request may introduce it again, Endpoint.introduces)
     unintroduced: bool = False
+    # heard of from a bootstrap's list (its welcome, or its table asked for), under lazy introduction: outside the
+    # quarter of the table news may fill (PeerTable._room_for)
+    vouched: bool = False
 
     def as_wire(self, now: float) -> dict[str, Any]:
         """The peer as the PEER schema of the wire carries it."""
@@ -140,15 +143,19 @@ class PeerTable:
                           f"with key {key[:8]}... is not {name}'s")
         remember(self.bound, name, key, 4 * self.max_peers)
 
-    def _room_for(self, name: str, heard: bool) -> bool:
+    def _room_for(self, name: str, heard: bool, vouched: bool = False) -> bool:
         """True if name is known or may be added: making room by forgetting the longest-dead peer, or, for a
         peer heard from directly, the oldest one only introduced by gossip. Gossip alone may fill at most a
         quarter of the table (so made-up names in gossip cannot keep real members out); patient, a newer name
-        takes the place of the oldest there not being introduced."""
+        takes the place of the oldest there not being introduced. Patient, a name a bootstrap listed (vouched)
+        is outside that quarter: it may fill the table, a newer one taking the place of the oldest peer heard of
+        and not being introduced (a lazy member knows about K members live and every other one only heard of:
+        at 1,000 members, K + 256 with the bootstrap's list in the quarter)."""
         if name in self.peers:
             return True
-        if not heard and sum(p.state == JOINING for p in self.peers.values()) >= max(1, self.max_peers // 4):
-            waiting = [p for p in self.peers.values() if p.state == JOINING and p.introduced is None]
+        if not heard and not vouched and sum(p.state == JOINING and not p.vouched for p in self.peers.values()) >= \
+                max(1, self.max_peers // 4):
+            waiting = [p for p in self.peers.values() if p.state == JOINING and p.introduced is None and not p.vouched]
             if not self.patient or not waiting:
                 return False
             del self.peers[min(waiting, key=lambda p: p.last_seen).name]
@@ -159,8 +166,8 @@ class PeerTable:
         if gone:
             del self.peers[min(gone, key=lambda p: p.dead_since or 0.0).name]
             return True
-        unheard = [p for p in self.peers.values() if p.state == JOINING]
-        if heard and unheard:
+        unheard = [p for p in self.peers.values() if p.state == JOINING and (heard or p.introduced is None)]
+        if (heard or vouched) and unheard:
             del self.peers[min(unheard, key=lambda p: p.last_seen).name]
             return True
         return False
@@ -225,9 +232,11 @@ class PeerTable:
         old, peer.state = peer.state, ALIVE
         return Change(name, old, ALIVE)
 
-    def learned_of(self, info: dict[str, Any]) -> bool:
-        """Take a peer from gossip; return True if it is new (or a newer incarnation) and should be contacted."""
+    def learned_of(self, info: dict[str, Any], vouched: bool = False) -> bool:
+        """Take a peer from gossip; return True if it is new (or a newer incarnation) and should be contacted.
+        vouched: listed by a bootstrap (its welcome, its table), which, patient, has a room of its own (_room_for)."""
         name = info["name"]
+        vouched = vouched and self.patient  # (eager: every peer heard of is pinged and timed at once, one quarter)
         if name == self.me or info.get("state") not in (ALIVE, SUSPECT, JOINING):
             return False
         held = self.bound.get(name)
@@ -235,10 +244,12 @@ class PeerTable:
             return False  # gossip never rebinds a name: we would dial, and believe, another key
         peer = self.peers.get(name)
         if peer is not None and info["incarnation"] <= peer.incarnation:
+            if vouched and peer.state == JOINING:
+                peer.vouched = True  # heard of in news first: it leaves news's quarter
             return False
         if peer is not None and peer.state in LIVE_STATES:
             return False  # we hear from it ourselves; our own contact decides
-        if info["incarnation"] > self.wall_ns() + MAX_FUTURE_NS or not self._room_for(name, heard=False):
+        if info["incarnation"] > self.wall_ns() + MAX_FUTURE_NS or not self._room_for(name, False, vouched):
             return False
         # An entry gossip keeps renewing must still fall silent on time: it keeps its first introduction's time.
         since, introduced = self.clock(), None
@@ -246,7 +257,7 @@ class PeerTable:
             since, introduced = peer.last_seen, peer.introduced
         self.peers[name] = Peer(
             name, info["address"], info["role"], info["incarnation"], info["pubkey"], JOINING, since, info["round"],
-            introduced=introduced,
+            introduced=introduced, vouched=vouched or (peer is not None and peer.state == JOINING and peer.vouched),
         )
         return True
 

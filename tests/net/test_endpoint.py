@@ -200,6 +200,30 @@ async def test_a_lazy_mesh_forms_and_a_request_to_a_peer_not_introduced_yet_reac
     assert states(last)[target.name] == ALIVE and states(target)[last.name] == ALIVE
 
 
+async def test_a_lazy_member_knows_every_member_its_bootstrap_lists_past_the_quarter_of_its_table_news_may_fill(
+        members: Make) -> None:
+    # With a bootstrap's list counted in the quarter of the table for peers only heard of (256 of 1,024), a lazy
+    # member of a 1,000-node mesh knew its K live peers and 256 more: a scenario's node, which waits to know every
+    # peer it expects, would wait out its start wait.
+    lazy = dataclasses.replace(FAST, introduce_up_to=2, max_peers=12)  # a quarter: 3
+    boot, nodes = await start_mesh(members, 7, lazy)
+    everyone = {n.name for n in nodes}
+    await wait_until(lambda: set(states(boot)) == everyone, what="all joined")
+    first = nodes[0]
+    for name in everyone - {first.name}:
+        first.peers.peers.pop(name, None)  # (as if it had heard of none of them yet)
+    await first.ask_table()
+    assert set(states(first)) == everyone - {first.name} | {"bootstrap"}
+    assert sum(s == JOINING for s in states(first).values()) > 3  # (more than news could have put there)
+    last = nodes[-1]  # and still, those it heard of are introduced on the first request
+    waiting = sorted(name for name, state in states(last).items() if state == JOINING)
+    assert waiting
+    target = next(n for n in nodes if n.name == waiting[0])
+    target.serve({"control": ack})
+    assert (await last.request(target.name, ping(last), 5)).body["ok"]
+    assert states(last)[target.name] == ALIVE and states(target)[last.name] == ALIVE
+
+
 async def known_from_gossip(members: Make) -> tuple[Endpoint, Endpoint]:
     """Two started members, a and b (which acks control messages), a knowing b from gossip alone (joining)."""
     a, b = members("a", options=FAST), members("b", options=FAST)

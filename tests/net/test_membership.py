@@ -197,6 +197,28 @@ def test_a_patient_tables_peers_only_heard_of_make_room_for_newer_news_the_oldes
     assert not t.learned_of({**info, "name": "d"})  # both being introduced: none to give way
 
 
+def test_a_patient_table_takes_every_member_its_bootstrap_lists_and_news_still_only_a_quarter() -> None:
+    # Under lazy introduction a member keeps about K peers live and knows the rest only as heard of. With news and a
+    # bootstrap's list in one quarter of the table, a member of a 1,000-node mesh knew K + 256 members, and a
+    # scenario's node, which waits to know every peer it expects, waited out its start wait. The bootstrap's list
+    # (its welcome, its table asked for) comes from the member whose ticket this one was given: it has a room of its
+    # own, the table's size; news from anyone keeps its quarter.
+    t = PeerTable("me", max_peers=8, clock=Clock(), patient=True)
+    info = {"address": "tcp://h:3", "role": "node", "incarnation": 5, "pubkey": "", "state": ALIVE, "round": 0}
+    assert all(t.learned_of({**info, "name": f"v{i}"}, vouched=True) for i in range(6))
+    assert t.learned_of({**info, "name": "a"}) and t.learned_of({**info, "name": "b"})  # news: its own quarter
+    t.introducing("a")
+    t.introducing("b")
+    assert not t.learned_of({**info, "name": "c"})  # the quarter full of introductions on their way
+    assert len(t.peers) == 8  # the table full: a newer name listed takes the place of the oldest waiting one
+    assert t.learned_of({**info, "name": "v6"}, vouched=True) and "v0" not in t.peers
+    for i in range(1, 7):
+        t.introducing(f"v{i}")
+    assert not t.learned_of({**info, "name": "v7"}, vouched=True)  # all being introduced: none gives way
+    eager = PeerTable("me", max_peers=8, clock=Clock())  # eager: every peer heard of is pinged and timed, one quarter
+    assert [eager.learned_of({**info, "name": f"v{i}"}, vouched=True) for i in range(3)] == [True, True, False]
+
+
 def test_leave_and_last_will() -> None:
     t, _ = table()
     hear(t, "a")
