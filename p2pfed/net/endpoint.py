@@ -1031,6 +1031,11 @@ class Endpoint:
         """Take peers heard of from gossip or discovery; new ones are introduced to at once (lazy: while there is
         room). vouched: the list of the member this one joined through, or of a bootstrap asked for its table (the
         members whose tickets it was given), which a lazy member's table keeps outside news's quarter of it."""
+        if self.lazy:
+            # in a random order: introductions go, and the table keeps, the first ones while there is room, and a
+            # bootstrap lists its members sorted by name (taken in that order, every lazy member introduced itself to
+            # the same few, and its live peers were of the same clusters)
+            peers = random.sample(peers, len(peers))
         for info in peers:
             if self.keys and self.keys.closed and self.keys.key_of(info["name"]) != info["pubkey"].encode():
                 continue  # never dial a member whose key we would not accept as that member

@@ -128,12 +128,17 @@ class PeerTable:
 
     def key_of(self, name: str) -> str:
         """The key that may speak for name: its bound key, else the key gossip proposed for it while it has
-        not spoken yet, else "" (nobody known by that name)."""
+        not spoken yet (joining, or dead only because its introduction went unanswered: not known to have failed,
+        only slow to answer, and maybe sure of this member, whose ping it had), else "" (nobody known by that
+        name). (With that key forgotten, 250 lazy members refused 72 "choices" notes of peers whose pongs came late,
+        and one cluster was found split.)"""
         key = self.bound.get(name)
         if key is not None:
             return key
         peer = self.peers.get(name)
-        return peer.pubkey if peer is not None and peer.state == JOINING else ""
+        if peer is None or not (peer.state == JOINING or (peer.state == DEAD and peer.unintroduced)):
+            return ""
+        return peer.pubkey
 
     def bind(self, name: str, key: str) -> None:
         """Bind name to key (its first direct contact proved the key); raise Refused if another key has it."""

@@ -219,6 +219,25 @@ def test_a_patient_table_takes_every_member_its_bootstrap_lists_and_news_still_o
     assert [eager.learned_of({**info, "name": f"v{i}"}, vouched=True) for i in range(3)] == [True, True, False]
 
 
+def test_a_peer_dead_only_because_its_introduction_went_unanswered_may_still_speak_with_the_key_gossip_proposed(
+) -> None:
+    # Seen at 250 nodes with introduce_up_to = 64 (72 notes refused in one run, a cluster split): a member pinged a
+    # peer heard of, whose pong came late under load, and declared it dead; the peer, which had the ping and so
+    # knew the member, sent its "choices" note, refused as from "a member this member does not know". Its key, the
+    # one gossip proposed, was forgotten with its death, though it had never been heard from: not known to have
+    # failed, only slow to answer (a request to it introduces it again, Endpoint.introduces).
+    t, clock = table()
+    info = {"address": "tcp://h:3", "role": "node", "incarnation": 5, "state": ALIVE, "round": 0}
+    assert t.learned_of({**info, "name": "b", "pubkey": "kb"}) and t.key_of("b") == "kb"
+    t.introducing("b")
+    clock.t += 6.001
+    assert t.sweep() == [Change("b", JOINING, DEAD)] and t.peers["b"].unintroduced
+    assert t.key_of("b") == "kb"  # it may still speak, with that key only
+    assert t.learned_of({**info, "name": "c", "pubkey": "kc"})
+    assert t.mark_dead("c") == Change("c", JOINING, DEAD)  # known to have failed (its last will): not so
+    assert t.key_of("c") == ""
+
+
 def test_leave_and_last_will() -> None:
     t, _ = table()
     hear(t, "a")

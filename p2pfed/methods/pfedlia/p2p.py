@@ -562,7 +562,9 @@ class PFedLIAP2P(Method):
             self.recommended = {p: n for p, n in self.recommended.items()
                                 if p not in step and p not in self.tried and p not in self.pending}
             if not step and self.randomly < RANDOM_PER_SAMPLE * self.options.sample:
-                rest = sorted(live - self.tried - self.pending - {self.node.name})
+                # over its live peers, or, lazy, every peer it knows: its live ones are then the few it introduced
+                # itself to, and 250 lazy nodes found a cluster split, two of its nodes drawing among others' only
+                rest = sorted(self.known() - self.tried - self.pending - {self.node.name})
                 rng = shared_rng(self.node.seed, self.node.name, "lia-step", rnd)
                 step = [rest[i] for i in sorted(rng.permutation(len(rest))[:self.options.sample])]
                 self.randomly += len(step)

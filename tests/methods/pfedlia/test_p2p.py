@@ -495,6 +495,33 @@ async def test_a_sampling_node_sends_to_aggregators_and_asks_recommended_peers_i
     assert (recommended, "partial") in node.fetched and recommended in method.tried
 
 
+async def test_a_lazy_sampling_node_with_nothing_recommended_draws_at_random_over_every_peer_it_knows(
+        ) -> None:
+    """Seen at 250 nodes with introduce_up_to = 64: two nodes of one cluster whose samples held only each other
+    chose each other and nothing recommended them more; their random draw was over their live peers, which under
+    lazy introduction are the few they introduced themselves to (mostly of other clusters), and by the last round
+    only one of their cluster had chosen them: the cluster was found split in two. The eager form draws over its
+    live peers, every member."""
+    members = [f"p{i:02d}" for i in range(40)]
+    node = FakeNode("me", members, dict.fromkeys(members, 1.0), {p: {"partial"} for p in members})
+    node.members = lambda: sorted([*members, "me"])  # type: ignore[method-assign]
+    heard = members[:6]
+    node.live_peers = lambda: heard  # type: ignore[method-assign]
+    method = ScoredPFedLIA(node, P2POptions(sample=8, all_pairs_up_to=10))
+    method.is_large, method.chosen, method.expanding, method.tried = True, {"p00"}, True, {"p00"}
+    node.lazy = True  # type: ignore[misc]
+    await method.expand(5)
+    drawn = {p for p, _ in node.fetched}
+    assert len(drawn) == 8 and drawn - set(heard)  # 8 of the 39 it knows, not 5 of the live ones
+    eager = FakeNode("me", members, dict.fromkeys(members, 1.0), {p: {"partial"} for p in members})
+    eager.members = node.members  # type: ignore[method-assign]
+    eager.live_peers = lambda: heard  # type: ignore[method-assign]
+    method = ScoredPFedLIA(eager, P2POptions(sample=8, all_pairs_up_to=10))
+    method.is_large, method.chosen, method.expanding, method.tried = True, {"p00"}, True, {"p00"}
+    await method.expand(5)
+    assert {p for p, _ in eager.fetched} == set(heard) - {"p00"}  # eager: its live peers (every member, in a mesh)
+
+
 async def test_recommendations_are_known_members_only_and_a_mesh_of_all_pairs_keeps_none() -> None:
     peers = [f"p{i}" for i in range(30)]
     node = FakeNode("me", peers, {}, {})
