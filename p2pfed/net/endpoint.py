@@ -565,6 +565,11 @@ class Endpoint:
                     state = "gone" if now is None else now.state if now.incarnation == incarnation else "restarted"
                     raise DeliveryError(f"{msg.type} to {peer_name} not delivered: {peer_name} is {state}")
             reply = request.result()
+            if reply.key and self.keys is not None and not self.keys.closed and peer_name not in self.peers.bound:
+                # its first word, maybe (its introduction unanswered in time, the request went anyway): the answer
+                # came over the connection dialled with its key, which is proved. Unbound, the peer's own requests
+                # were refused as from "a member this member does not know" (14 at 250 lazy nodes).
+                self.peers.bind(peer_name, reply.key)
             change = self.peers.touched(peer_name)  # its answer is contact, and makes it a partner
             if change:
                 self._changed(change)

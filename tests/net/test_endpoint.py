@@ -198,6 +198,29 @@ async def test_lazy_members_introduce_themselves_to_peers_drawn_at_random_not_th
     assert pinged["a"] != pinged["b"]  # (the same 4 of 200 drawn twice at random: about one chance in 6 * 10^7)
 
 
+async def test_a_peer_whose_answer_to_a_request_was_its_first_word_may_then_make_requests_of_its_own(
+        members: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Seen at 250 lazy nodes: a member asked a peer it knew only from gossip for its partial model; the ping that
+    # introduces it went unanswered in time, the request went anyway, and the peer's answer made it alive, but its
+    # key, proved by that answer (it came over the connection dialled with that key), was never bound. Two seconds
+    # later the peer's own request was refused, as from "a member this member does not know" (14 such requests).
+    a, b = members("a", options=FAST), members("b", options=FAST)
+    for e in (a, b):
+        await e.start("tcp://127.0.0.1:0")
+        e.serve({"control": ack})
+
+        async def lost(peer: Peer, dead: bool = False) -> None:
+            return None  # every introduction lost, and no probe of its own: the only contact is the requests
+
+        monkeypatch.setattr(e, "_probe", lost)
+        monkeypatch.setattr(e, "_start_probe", lambda peer, dead=False: None)
+    for e, other in ((a, b), (b, a)):
+        assert e.peers.learned_of({**other.identity(), "name": other.name, "state": ALIVE})
+    assert (await a.request("b", ping(a), 5)).body["ok"]  # b took it with the key gossip proposed for a
+    assert states(a)["b"] == ALIVE  # b's answer: contact
+    assert (await b.request("a", ping(b), 5)).body["ok"]
+
+
 async def test_a_lazy_mesh_forms_and_a_request_to_a_peer_not_introduced_yet_reaches_it(members: Make) -> None:
     lazy = dataclasses.replace(FAST, introduce_up_to=2)
     boot, nodes = await start_mesh(members, 6, lazy)
