@@ -398,17 +398,17 @@ def scale_option_table(figures: dict[str, Any]) -> str:
     keys = [("wall_s", "wall s", ".0f"), ("cpu_s", "CPU s", ".0f"), ("peak_mb", "peak MiB", ".0f"),
             ("membership_per_node_s", "membership msg / node / s", ".2f"), ("mb_per_node", "MB sent / node", ".2f"),
             ("dead_per_node", "dead / node", ".2f"), ("rounds_skipped", "rounds skipped", "d")]
-    rows = ["| N | run | " + " | ".join(title for _, title, _ in keys) + " | nodes finished | ARI | accuracy % |",
-            "|---:|---|" + "---:|" * (len(keys) + 3)]
+    rows = ["| N | run | " + " | ".join(title for _, title, _ in keys) + " | nodes finished | ARI | accuracy % | "
+            "bottom-5 % |", "|---:|---|" + "---:|" * (len(keys) + 4)]
     for k, (a, b) in enumerate(against_pairs(figures["rows"]), 1):
         for r, what in ((a, f"pair {k}, default"), (b, f"pair {k}, {' '.join(b['set'])}")):
             cells = [format(r[key], form) if key in r else "–" for key, _, form in keys]
             ari = f"{r['ari']:.3f}" if r.get("ari") is not None else "–"
-            accuracy = f"{100 * r['accuracy']:.2f}" if "accuracy" in r else "–"
+            accuracy, bottom = (f"{100 * r[key]:.2f}" if key in r else "–" for key in ("accuracy", "bottom5_accuracy"))
             rows.append(f"| {r['nodes']} | {what} | " + " | ".join(cells)
-                        + f" | {r.get('finished', 0)}/{r['nodes']} | {ari} | {accuracy} |")
+                        + f" | {r.get('finished', 0)}/{r['nodes']} | {ari} | {accuracy} | {bottom} |")
         ratio = [f"{b[key] / a[key]:.2f}" if a.get(key) and key in b else "–" for key, _, _ in keys]
-        rows.append(f"| {a['nodes']} | pair {k}, set ÷ default | " + " | ".join(ratio) + " | | | |")
+        rows.append(f"| {a['nodes']} | pair {k}, set ÷ default | " + " | ".join(ratio) + " | | | | |")
     return "\n".join(rows)
 
 
@@ -422,7 +422,8 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "scale.json": scale_table, "scale-kept-period.json": scale_against_table,
     "scale-250-beat.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
     "scale-1000-sample.json": scale_wait_table, "scale-1000-beat.json": scale_wait_table,
-    "start.json": start_table, "scale-1000-phase.json": phase_table, "scale-lazy.json": scale_option_table}
+    "start.json": start_table, "scale-1000-phase.json": phase_table, "scale-lazy.json": scale_option_table,
+    "scale-lazy-random.json": scale_option_table, "scale-1000-lazy.json": scale_option_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:

@@ -290,6 +290,9 @@ class Endpoint:
         self.join_error: JoinError | None = None  # set when the join ended without a welcome
         self._last_join_problem = ""
         self.join_ended = asyncio.Event()  # a welcome came, or the join gave up
+        # the members this one joined through (their welcome came over the connection dialled with the ticket's key):
+        # the lists they give are vouched for (a lazy member's table keeps them outside news's quarter of it)
+        self.vouchers: set[str] = set()
         self.stopped = False
         self._last_probe: dict[str, float] = {}
         self.complaints = LogLimiter(log, what="complaints about peers")
@@ -511,7 +514,10 @@ class Endpoint:
         that joined after this one reach it as news on pings, few of which it and its peers then send (at 250
         nodes with introduce_up_to = 64 the first to join started up to four minutes after the last):
         every member heartbeats its bootstraps, which know them all."""
-        boots = [p for p in self.peers.peers.values() if p.role == "bootstrap" and p.state in (ALIVE, SUSPECT)]
+        live = [p for p in self.peers.peers.values() if p.state in (ALIVE, SUSPECT)]
+        # a member it joined through, else one that says it is a bootstrap (whose list is then news, not vouched for:
+        # any member may say so)
+        boots = [p for p in live if p.name in self.vouchers] or [p for p in live if p.role == "bootstrap"]
         if not boots or self.stopped:
             return 0
         peer = random.choice(boots)
@@ -522,7 +528,7 @@ class Endpoint:
             return 0
         before = len(self.peers.peers)
         if reply.type == "status" and reply.sender == peer.name:
-            self.learn(reply.body["peers"], vouched=True)
+            self.learn(reply.body["peers"], vouched=peer.name in self.vouchers)
         return len(self.peers.peers) - before
 
     def introducing_to(self, peer: Peer) -> bool:
@@ -565,7 +571,8 @@ class Endpoint:
                     state = "gone" if now is None else now.state if now.incarnation == incarnation else "restarted"
                     raise DeliveryError(f"{msg.type} to {peer_name} not delivered: {peer_name} is {state}")
             reply = request.result()
-            if reply.key and self.keys is not None and not self.keys.closed and peer_name not in self.peers.bound:
+            if (reply.key and self.keys is not None and not self.keys.closed and peer_name not in self.peers.bound
+                    and reply.sender == peer_name and reply.key == peer.pubkey):
                 # its first word, maybe (its introduction unanswered in time, the request went anyway): the answer
                 # came over the connection dialled with its key, which is proved. Unbound, the peer's own requests
                 # were refused as from "a member this member does not know" (14 at 250 lazy nodes).
@@ -630,6 +637,7 @@ class Endpoint:
                                     address, reply.sender)
                         continue
                     self._heard(reply)  # the reply's key is the one we dialled: the welcomer's name is bound to it
+                    self.vouchers.add(reply.sender)
                     self.learn(reply.body["peers"], vouched=True)
                     log.info("%s: joined mesh %s through %s (%s), %d peers known", self.name, self.options.mesh,
                              address, reply.sender, len(self.peers.live()) + len(self.peers.by_state(JOINING)))
@@ -1034,8 +1042,9 @@ class Endpoint:
 
     def learn(self, peers: list[dict[str, Any]], vouched: bool = False) -> None:
         """Take peers heard of from gossip or discovery; new ones are introduced to at once (lazy: while there is
-        room). vouched: the list of the member this one joined through, or of a bootstrap asked for its table (the
-        members whose tickets it was given), which a lazy member's table keeps outside news's quarter of it."""
+        room). vouched: the list of a member this one joined through (its welcome, its table asked for), whose
+        ticket it was given: the members it lists as alive or suspect (heard by it) a lazy member's table keeps
+        outside news's quarter of it."""
         if self.lazy:
             # in a random order: introductions go, and the table keeps, the first ones while there is room, and a
             # bootstrap lists its members sorted by name (taken in that order, every lazy member introduced itself to

@@ -241,7 +241,9 @@ class PeerTable:
         """Take a peer from gossip; return True if it is new (or a newer incarnation) and should be contacted.
         vouched: listed by a bootstrap (its welcome, its table), which, patient, has a room of its own (_room_for)."""
         name = info["name"]
-        vouched = vouched and self.patient  # (eager: every peer heard of is pinged and timed at once, one quarter)
+        # (eager: every peer heard of is pinged and timed at once, one quarter; and a lister vouches only for the
+        # members it heard itself, not those it too only heard of)
+        vouched = vouched and self.patient and info["state"] in (ALIVE, SUSPECT)
         if name == self.me or info.get("state") not in (ALIVE, SUSPECT, JOINING):
             return False
         held = self.bound.get(name)
@@ -259,10 +261,10 @@ class PeerTable:
         # An entry gossip keeps renewing must still fall silent on time: it keeps its first introduction's time.
         since, introduced = self.clock(), None
         if peer is not None and peer.state == JOINING:
-            since, introduced = peer.last_seen, peer.introduced
+            since, introduced, vouched = peer.last_seen, peer.introduced, vouched or peer.vouched
         self.peers[name] = Peer(
             name, info["address"], info["role"], info["incarnation"], info["pubkey"], JOINING, since, info["round"],
-            introduced=introduced, vouched=vouched or (peer is not None and peer.state == JOINING and peer.vouched),
+            introduced=introduced, vouched=vouched,
         )
         return True
 

@@ -204,7 +204,8 @@ async def test_a_peer_whose_answer_to_a_request_was_its_first_word_may_then_make
     # introduces it went unanswered in time, the request went anyway, and the peer's answer made it alive, but its
     # key, proved by that answer (it came over the connection dialled with that key), was never bound. Two seconds
     # later the peer's own request was refused, as from "a member this member does not know" (14 such requests).
-    a, b = members("a", options=FAST), members("b", options=FAST)
+    slow = dataclasses.replace(FAST, heartbeat=2.0)  # (no heartbeat of b's binds its key in a's table meanwhile)
+    a, b = members("a", options=slow), members("b", options=slow)
     for e in (a, b):
         await e.start("tcp://127.0.0.1:0")
         e.serve({"control": ack})
@@ -217,7 +218,7 @@ async def test_a_peer_whose_answer_to_a_request_was_its_first_word_may_then_make
     for e, other in ((a, b), (b, a)):
         assert e.peers.learned_of({**other.identity(), "name": other.name, "state": ALIVE})
     assert (await a.request("b", ping(a), 5)).body["ok"]  # b took it with the key gossip proposed for a
-    assert states(a)["b"] == ALIVE  # b's answer: contact
+    assert states(a)["b"] == ALIVE and a.peers.bound["b"] == b.keys.public.decode()  # b's answer: contact, its key
     assert (await b.request("a", ping(b), 5)).body["ok"]
 
 
@@ -259,6 +260,13 @@ async def test_a_lazy_member_knows_every_member_its_bootstrap_lists_past_the_qua
         first.peers.peers.pop(name, None)  # (as if it had heard of none of them yet)
     await first.ask_table()
     assert set(states(first)) == everyone - {first.name} | {"bootstrap"}  # (news's quarter would have taken 3 of 8)
+    # vouched for only by a member it joined through: any member may say it is a bootstrap
+    assert first.vouchers == {"bootstrap"}
+    first.vouchers.clear()
+    for name in everyone - {first.name}:
+        first.peers.peers.pop(name, None)
+    await first.ask_table()
+    assert sum(state == JOINING for state in states(first).values()) <= 3  # news: its quarter of the table
     last = nodes[-1]  # and still, those it heard of are introduced on the first request
     waiting = sorted(name for name, state in states(last).items() if state == JOINING)
     assert waiting

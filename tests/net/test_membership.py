@@ -215,6 +215,9 @@ def test_a_patient_table_takes_every_member_its_bootstrap_lists_and_news_still_o
     for i in range(1, 7):
         t.introducing(f"v{i}")
     assert not t.learned_of({**info, "name": "v7"}, vouched=True)  # all being introduced: none gives way
+    t.peers.pop("v1")
+    assert not t.learned_of({**info, "name": "v1", "state": JOINING}, vouched=True)  # one the lister only heard of:
+    assert not t.learned_of({**info, "name": "v8", "state": JOINING}, vouched=True)  # news (its quarter full)
     eager = PeerTable("me", max_peers=8, clock=Clock())  # eager: every peer heard of is pinged and timed, one quarter
     assert [eager.learned_of({**info, "name": f"v{i}"}, vouched=True) for i in range(3)] == [True, True, False]
 

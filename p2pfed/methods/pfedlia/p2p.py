@@ -564,7 +564,7 @@ class PFedLIAP2P(Method):
             if not step and self.randomly < RANDOM_PER_SAMPLE * self.options.sample:
                 # over its live peers, or, lazy, every peer it knows: its live ones are then the few it introduced
                 # itself to, and 250 lazy nodes found a cluster split, two of its nodes drawing among others' only
-                rest = sorted(self.known() - self.tried - self.pending - {self.node.name})
+                rest = sorted(known - self.tried - self.pending - {self.node.name})
                 rng = shared_rng(self.node.seed, self.node.name, "lia-step", rnd)
                 step = [rest[i] for i in sorted(rng.permutation(len(rest))[:self.options.sample])]
                 self.randomly += len(step)
