@@ -43,7 +43,9 @@ class MeshConfig:
     # "probe": a member pings the peers it hears of while it has fewer live peers than this (and pings on their
     # way); past it, a peer heard of is introduced when first worked with (a request pings it first) or when it
     # reaches out itself: forming a mesh of N costs N * introduce_up_to pings, not N²/2 (docs/design.md, "Lazy
-    # introduction"). The default, the largest table, introduces every peer heard of
+    # introduction"). The default, the largest table, introduces every peer heard of; a method that works with every
+    # live peer (FedAvg peer to peer, pFedLIA-p2p up to all_pairs_up_to members) needs it at or above the mesh's
+    # size. pFedLIA-p2p past all_pairs_up_to: 64 took half the time at 1,000 nodes (docs/performance.md)
     introduce_up_to: int = 1024
 
     def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:
