@@ -75,8 +75,8 @@ class Peer:
     # dead only because it never answered its introduction (a joining peer's silence): not heard from, not known
     # to have failed (a request may introduce it again, Endpoint.introduces)
     unintroduced: bool = False
-    # heard of from a bootstrap's list (its welcome, or its table asked for), under lazy introduction: outside the
-    # quarter of the table news may fill (PeerTable._room_for)
+    # listed as alive by a member this one joined through (its welcome, or its table asked for), under lazy
+    # introduction: outside the quarter of the table news may fill (PeerTable._room_for)
     vouched: bool = False
 
     def as_wire(self, now: float) -> dict[str, Any]:
@@ -152,10 +152,10 @@ class PeerTable:
         """True if name is known or may be added: making room by forgetting the longest-dead peer, or, for a
         peer heard from directly, the oldest one only introduced by gossip. Gossip alone may fill at most a
         quarter of the table (so made-up names in gossip cannot keep real members out); patient, a newer name
-        takes the place of the oldest there not being introduced. Patient, a name a bootstrap listed (vouched)
-        is outside that quarter: it may fill the table, a newer one taking the place of the oldest peer heard of
-        and not being introduced (a lazy member knows about K members live and every other one only heard of:
-        at 1,000 members, K + 256 with the bootstrap's list in the quarter)."""
+        takes the place of the oldest there not being introduced. Patient, a name a member this one joined
+        through listed as alive (vouched) is outside that quarter: it may fill the table, a newer one taking the
+        place of the oldest peer heard of and not being introduced (a lazy member knows about K members live
+        and every other one only heard of: at 1,000 members, K + 256 with that list in the quarter)."""
         if name in self.peers:
             return True
         if not heard and not vouched and sum(p.state == JOINING and not p.vouched for p in self.peers.values()) >= \
@@ -239,7 +239,8 @@ class PeerTable:
 
     def learned_of(self, info: dict[str, Any], vouched: bool = False) -> bool:
         """Take a peer from gossip; return True if it is new (or a newer incarnation) and should be contacted.
-        vouched: listed by a bootstrap (its welcome, its table), which, patient, has a room of its own (_room_for)."""
+        vouched: listed by a member this one joined through (its welcome, its table), which, patient, has a room of
+        its own (_room_for)."""
         name = info["name"]
         # (eager: every peer heard of is pinged and timed at once, one quarter; and a lister vouches only for the
         # members it heard itself, not those it too only heard of)

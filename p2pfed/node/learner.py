@@ -293,8 +293,8 @@ class LearningNode(LocalNode):
         # expects: it waits to know of them all, heard from or heard of (what a method decides at its start, e.g.
         # a large mesh's warm-up aggregators, is drawn over the members known: every node must know the same).
         told = asked = 0.0
+        every = max(TABLE_ASK_EVERY, TABLE_ASK_PER_PEER * wait_for_peers)  # (between asks for a bootstrap's table)
         while resumed is None and self.peers_seen() < wait_for_peers and time.monotonic() < deadline:
-            every = max(TABLE_ASK_EVERY, TABLE_ASK_PER_PEER * wait_for_peers)
             if self.endpoint.lazy and time.monotonic() - asked > every:
                 asked = time.monotonic()
                 await self.endpoint.ask_table()
