@@ -16,11 +16,11 @@ With --against DIR (another checkout of p2pfed, e.g. `git worktree add DIR COMMI
 A B over --repeat pairs: first with DIR's p2pfed (PYTHONPATH), then with this checkout's; each row says which
 ("code"), and the table gives this checkout's figures as ratios to DIR's of the same pair. --set KEY=VALUE (as
 `p2pfed run --set` takes it, repeatable) goes to this checkout's runs alone (DIR's code may not know the key),
-e.g. `--against DIR --set mesh.introduce_up_to=64`, DIR a worktree of this commit: one code, the option's two
-sides; each row lists what it was given ("set"). Either way each row
-also counts, over the run's logs, how often a member took a peer for silent (suspect) and for dead, per node, and
-how many of those the peer refuted, heard again later: the false alarms (a peer that finished and left is rightly
-dead).
+e.g. `--against DIR --set mesh.introduce_up_to=1024`, DIR a worktree of this commit: one code, the option's two
+sides (pFedLIA-p2p's lazy default past all_pairs_up_to members against the eager form); each row lists what it
+was given ("set"). Either way each row also counts, over the run's logs, how often a member took a peer for silent
+(suspect) and for dead, per node, and how many of those the peer refuted, heard again later: the false alarms (a
+peer that finished and left is rightly dead).
 
 The sweep writes its JSON after every run (a sweep cut short keeps what it measured). A run that fails, times
 out or leaves nodes unfinished is a row saying so, with what it measured; its log is kept under --work.

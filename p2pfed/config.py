@@ -43,10 +43,11 @@ class MeshConfig:
     # "probe": a member pings the peers it hears of while it has fewer live peers than this (and pings on their
     # way); past it, a peer heard of is introduced when first worked with (a request pings it first) or when it
     # reaches out itself: forming a mesh of N costs N * introduce_up_to pings, not N²/2 (docs/design.md, "Lazy
-    # introduction"). The default, the largest table, introduces every peer heard of; a method that works with every
-    # live peer (FedAvg peer to peer, pFedLIA-p2p up to all_pairs_up_to members) needs it at or above the mesh's
-    # size. pFedLIA-p2p past all_pairs_up_to: 64 took half the time at 1,000 nodes (docs/performance.md)
-    introduce_up_to: int = 1024
+    # introduction"). 0, the default, leaves it to the method of a scenario's run: pFedLIA-p2p past all_pairs_up_to
+    # members takes 64 (half the time at 1,000 nodes, docs/performance.md); every other method, and a member
+    # started without a scenario's method, introduces every peer it hears of (the largest table), as a method
+    # working with every live peer (FedAvg peer to peer, pFedLIA-p2p up to all_pairs_up_to) needs
+    introduce_up_to: int = 0
 
     def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:
         """The options of an endpoint of this mesh: its membership timing and its transport's message cap."""
@@ -56,7 +57,7 @@ class MeshConfig:
         return (MeshOptions(mesh=self.mesh, heartbeat=self.heartbeat, suspect_after=self.suspect_after,
                             dead_after=self.dead_after, request_timeout=self.request_timeout,
                             join_give_up=self.join_give_up, insecure=self.insecure, membership=self.membership,
-                            introduce_up_to=self.introduce_up_to),
+                            introduce_up_to=self.introduce_up_to or MeshOptions.max_peers),
                 TransportOptions(max_message_bytes=self.max_message_mb << 20))
 
     def validate(self, where: str) -> None:
@@ -73,9 +74,9 @@ class MeshConfig:
             raise ConfigError(f"{where}suspect_after must be >= 1 and < dead_after (heartbeat periods)")
         from p2pfed.net.endpoint import MeshOptions
 
-        if not 1 <= self.introduce_up_to <= MeshOptions.max_peers:  # (the table's size)
-            raise ConfigError(f"{where}introduce_up_to must be in [1, {MeshOptions.max_peers}] live peers (got "
-                              f"{self.introduce_up_to})")
+        if not 0 <= self.introduce_up_to <= MeshOptions.max_peers:  # (the table's size)
+            raise ConfigError(f"{where}introduce_up_to must be in [1, {MeshOptions.max_peers}] live peers, or 0 to "
+                              f"leave it to the method (got {self.introduce_up_to})")
         if self.membership not in MEMBERSHIP_FORMS:
             raise ConfigError(f"{where}membership must be one of {', '.join(repr(m) for m in MEMBERSHIP_FORMS)} "
                               f"(got {self.membership!r})")

@@ -42,12 +42,21 @@ def any_port(bind: str) -> str:
     return f"tcp://{host}:0"
 
 
-def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario) -> None:
+def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario, method: str | None = None) -> None:
     """Take the scenario's mesh settings (timing, message size cap): every member of a scenario's mesh must
     agree on them. The mesh name stays the one given (--mesh, "default"), as a bootstrap started without a
-    scenario has it: members of other methods or scenarios are told apart by their recipe's fingerprint."""
+    scenario has it: members of other methods or scenarios are told apart by their recipe's fingerprint. A
+    member of a method's run introduces itself as the method takes it (methods.introduce_up_to); one of none (a
+    bootstrap) to every peer, unless the scenario says otherwise."""
+    from p2pfed.methods import introduce_up_to, introduce_warning
+
     insecure = cfg.mesh.insecure or scenario.mesh.insecure  # asked for on the command line, or by the scenario
     cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh, insecure=insecure)
+    if method is not None:
+        cfg.mesh.introduce_up_to = introduce_up_to(method, scenario)
+        cut_short = introduce_warning(method, scenario)
+        if cut_short:
+            log.warning("%s", cut_short)
 
 
 def make_endpoint(cfg: NodeConfig, role: str, recipe: str = "") -> Endpoint:
@@ -106,7 +115,7 @@ async def run_learning_nodes(cfg: NodeConfig, scenario_path: Path, indices: list
         raise ValueError("a node needs --method, or --coordinator to take its method from")
     if method is not None:
         check_method(method, scenario)
-    use_scenario_mesh(cfg, scenario)
+    use_scenario_mesh(cfg, scenario, method)
     torch.set_num_threads(1)
     dataset, partition = prepare_data(scenario)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,7 +190,7 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     train, val = capped(recipe, train, val)
     x, y = dataset.x_train, dataset.y_train
     splits = LocalData(x[train], y[train], x[val], y[val], dataset.x_test[test], dataset.y_test[test])
-    use_scenario_mesh(cfg, recipe)
+    use_scenario_mesh(cfg, recipe, method)
     cfg.name = name
     out.mkdir(parents=True, exist_ok=True)
 

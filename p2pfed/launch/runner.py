@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2pfed.config import MeshConfig
 from p2pfed.coordinator.server import Coordinator
 from p2pfed.launch.adversary import conduct_of
 from p2pfed.launch.failures import NEVER_JOINED, NOT_FINISHED, failure_reason, last_words, unfinished
@@ -35,7 +37,7 @@ from p2pfed.learn.held import server_data
 from p2pfed.learn.partition import Partition, server_samples, without
 from p2pfed.learn.train import describe_device, pick_device, round_seed
 from p2pfed.learn.transforms import apply as apply_transform
-from p2pfed.methods import is_central, load_checked
+from p2pfed.methods import introduce_up_to, introduce_warning, is_central, load_checked
 from p2pfed.methods.former import FORMER
 from p2pfed.net import security
 from p2pfed.net.endpoint import Endpoint, MeshOptions
@@ -55,14 +57,20 @@ Progress = Callable[[str, int, int], None]  # (method, rounds done by every node
 
 def mesh_options(scenario: Scenario, method: str) -> MeshOptions:
     """Mesh timing from the scenario; each method gets its own mesh name so runs never mix."""
-    return scenario.mesh_for(method).endpoint_options()[0]
+    return mesh_config(scenario, method).endpoint_options()[0]
+
+
+def mesh_config(scenario: Scenario, method: str) -> MeshConfig:
+    """The scenario's mesh settings for a method's run: its own mesh name, and introduce_up_to as the method
+    takes it (methods.introduce_up_to)."""
+    return dataclasses.replace(scenario.mesh_for(method), introduce_up_to=introduce_up_to(method, scenario))
 
 
 def member(scenario: Scenario, method: str, name: str, out: Path, role: str = "node", recipe: str = "") -> Endpoint:
     """An endpoint (not started) of the scenario's mesh for this method, with its timing and message cap, the
     recipe it advertises (none for a bootstrap), and its key pair from the run folder (a restarted node is
     still itself), unless the scenario's mesh is insecure."""
-    options, transport = scenario.mesh_for(method).endpoint_options()
+    options, transport = mesh_config(scenario, method).endpoint_options()
     keys = None if options.insecure else security.member_keys(keys_folder(out), name)
     return Endpoint(name, role, options=options, keys=keys, transport_options=transport, recipe=recipe)
 
@@ -464,6 +472,9 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
     for stale in [*out.glob("*.jsonl"), *out.glob("*.jsonl.gz"), *out.glob("*.safetensors"), *out.glob("*.ckpt"),
                   *out.glob("*.kept"), *out.glob("run.json")]:
         stale.unlink()
+    cut_short = introduce_warning(method, scenario)
+    if cut_short:
+        log.warning("%s", cut_short)
     in_children = scenario.processes or scenario.workers > 1
     kind: type[InProcessMesh] = ProcessMesh if in_children else InProcessMesh
     if scenario.engine == "ray":  # worker processes placed by Ray (an optional extra: imported only here)

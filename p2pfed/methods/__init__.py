@@ -98,6 +98,29 @@ def is_central(name: str) -> bool:
     return name in CENTRAL
 
 
+def introduce_up_to(name: str, scenario: Scenario) -> int:
+    """[mesh] introduce_up_to for a member of method name's run: the scenario's, or, where it leaves it to the
+    method (0), what the method asks for in a mesh of the scenario's size (0: every peer it hears of). A
+    coordinated method's members introduce themselves to every peer: its clients work with the coordinator
+    alone, but nothing measured says how they fare lazy."""
+    method = REGISTRY.get(name)
+    if scenario.mesh.introduce_up_to or method is None:
+        return scenario.mesh.introduce_up_to
+    return method.introduce_up_to(method.options_from(scenario), scenario.nodes)
+
+
+def introduce_warning(name: str, scenario: Scenario) -> str:
+    """What the scenario's [mesh] introduce_up_to costs method name's run, when set below the peers each of its
+    nodes has and the method works with every live peer ('' otherwise): a line for the run's log."""
+    method, wanted, peers = REGISTRY.get(name), scenario.mesh.introduce_up_to, scenario.nodes - 1
+    if method is None or not wanted or wanted >= peers or method.introduce_up_to(method.options_from(scenario),
+                                                                                  scenario.nodes):
+        return ""
+    return (f"{name}: mesh.introduce_up_to = {wanted} is below the {peers} peers each node has: a {name} node works "
+            f"with the live peers it hears from, and it hears directly from about {wanted} (0 leaves it to the "
+            f"method)")
+
+
 def make_method(name: str, node: PeerContext, scenario: Scenario) -> Method:
     """Instantiate a decentralized method by name for a node, with its options from the scenario."""
     if name not in REGISTRY:

@@ -191,6 +191,14 @@ class Method:
         """This method's options: its [methods.NAME] table if it declares an options type (None: it has none)."""
         return options_of(cls.options_type, scenario, cls.name) if cls.options_type is not None else None
 
+    @classmethod
+    def introduce_up_to(cls, options: Any, nodes: int) -> int:
+        """The live peers a member of this method introduces itself to in a mesh of nodes, when the scenario
+        leaves [mesh] introduce_up_to to the method (0); 0: every peer it hears of. Default 0: the peers a
+        method works with are among its live peers, and every peer may be one (a subclass that works with
+        every live peer needs them all introduced)."""
+        return 0
+
     def sources(self, rnd: int) -> set[str]:
         """Peers whose models this node averages in round rnd."""
         return set(self.node.live_peers())

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from p2pfed.config import NodeConfig
 from p2pfed.launch.member import make_endpoint, use_scenario_mesh
@@ -62,3 +65,37 @@ def test_a_scripted_join_goes_through_the_live_node_it_names_else_the_bootstrap(
     assert mesh.entry(0) == mesh.entry(-1) == mesh.boot.ticket  # n00 unknown; no via
     mesh.boot.peers.left("n01")
     assert mesh.entry(1) == mesh.boot.ticket
+
+
+def test_a_large_pfedlia_p2p_mesh_introduces_itself_lazily_unless_the_scenario_says_otherwise(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # [mesh] introduce_up_to left at 0 is the method's: pFedLIA-p2p past all_pairs_up_to (100) members hears
+    # directly from 64 (half the wall time at 1,000 nodes); every other method, and a small mesh, from every peer
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.replace("nodes = 2", "nodes = 101").replace("rounds = 1", "rounds = 8")
+                    .replace('"fedavg-p2p"', '"pfedlia-p2p", "fedavg-p2p"'))
+    large = load_scenario(path)
+    small = load_scenario(path, ["scenario.nodes=100"])
+    wider = load_scenario(path, ["methods.pfedlia-p2p.all_pairs_up_to=200"])
+    for scenario, method, wanted in [(large, "pfedlia-p2p", 64), (small, "pfedlia-p2p", 1024),
+                                     (wider, "pfedlia-p2p", 1024), (large, "fedavg-p2p", 1024)]:
+        endpoint = member(scenario, method, "n00", tmp_path)  # p2pfed run
+        assert (endpoint.options.introduce_up_to, endpoint.lazy) == (wanted, wanted < 1024), (method, scenario.nodes)
+        cfg = NodeConfig(name="n00")
+        use_scenario_mesh(cfg, scenario, method)  # p2pfed node --scenario --method
+        assert make_endpoint(cfg, "node").options.introduce_up_to == wanted
+    cfg = NodeConfig(name="bootstrap")
+    use_scenario_mesh(cfg, large)  # a bootstrap runs no method: every peer
+    assert make_endpoint(cfg, "bootstrap").options.introduce_up_to == 1024
+    # the scenario's own value is every method's, and is said to cut short a method working with every live peer
+    chosen = load_scenario(path, ["mesh.introduce_up_to=32"])
+    with caplog.at_level(logging.WARNING):
+        assert member(chosen, "pfedlia-p2p", "n00", tmp_path).options.introduce_up_to == 32
+        assert member(chosen, "fedavg-p2p", "n00", tmp_path).options.introduce_up_to == 32
+        assert not caplog.records  # building a member says nothing: the run says it once
+        cfg = NodeConfig(name="n00")
+        use_scenario_mesh(cfg, chosen, "fedavg-p2p")
+        use_scenario_mesh(cfg, chosen, "pfedlia-p2p")
+    assert [r.getMessage() for r in caplog.records] == [
+        "fedavg-p2p: mesh.introduce_up_to = 32 is below the 100 peers each node has: a fedavg-p2p node works with "
+        "the live peers it hears from, and it hears directly from about 32 (0 leaves it to the method)"]

@@ -114,8 +114,10 @@ EVENT = "[[events]]\nround = {round}\naction = '{action}'\nnode = {node}\n"
     (["mesh.heartbeat=61"], "mesh.heartbeat must be in [0.01, 60] seconds"),
     (["scenario.name=my lab"], "scenario.name must be up to 64 letters, digits, '-', '_' or '.'"),
     (["mesh.suspect_after=7"], "mesh.suspect_after must be >= 1 and < dead_after"),
-    (["mesh.introduce_up_to=0"], "mesh.introduce_up_to must be in [1, 1024] live peers (got 0)"),
-    (["mesh.introduce_up_to=2000"], "mesh.introduce_up_to must be in [1, 1024] live peers (got 2000)"),
+    (["mesh.introduce_up_to=-1"], "mesh.introduce_up_to must be in [1, 1024] live peers, or 0 to leave it to the "
+     "method (got -1)"),
+    (["mesh.introduce_up_to=2000"], "mesh.introduce_up_to must be in [1, 1024] live peers, or 0 to leave it to the "
+     "method (got 2000)"),
     (["mesh.mesh=a/b"], "mesh.mesh must be a name of up to 64 letters, digits, '-', '_' or '.'"),
     (["train.epochs=two"], "train.epochs must be int (got str 'two')"),
 ])
