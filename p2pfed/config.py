@@ -45,8 +45,9 @@ class MeshConfig:
     # reaches out itself: forming a mesh of N costs N * introduce_up_to pings, not N²/2 (docs/design.md, "Lazy
     # introduction"). 0, the default, leaves it to the method of a scenario's run: pFedLIA-p2p past all_pairs_up_to
     # members takes 64 (half the time at 1,000 nodes, docs/performance.md); every other method, and a member
-    # started without a scenario's method, introduces every peer it hears of (the largest table), as a method
-    # working with every live peer (FedAvg peer to peer, pFedLIA-p2p up to all_pairs_up_to) needs
+    # started without a scenario's method (an own-data node among them), introduces every peer it hears of (the
+    # largest table), as a method working with every live peer (FedAvg peer to peer, pFedLIA-p2p up to
+    # all_pairs_up_to) needs
     introduce_up_to: int = 0
 
     def endpoint_options(self) -> tuple[MeshOptions, TransportOptions]:

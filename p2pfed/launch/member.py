@@ -46,16 +46,16 @@ def use_scenario_mesh(cfg: NodeConfig, scenario: Scenario, method: str | None = 
     """Take the scenario's mesh settings (timing, message size cap): every member of a scenario's mesh must
     agree on them. The mesh name stays the one given (--mesh, "default"), as a bootstrap started without a
     scenario has it: members of other methods or scenarios are told apart by their recipe's fingerprint. A
-    member of a method's run introduces itself as the method takes it (methods.introduce_up_to); one of none (a
-    bootstrap) to every peer, unless the scenario says otherwise."""
+    member of a scenario's node run by method introduces itself as the method takes it in a mesh of the scenario's
+    nodes (methods.introduce_up_to); without a method (a bootstrap, a coordinator, an own-data node), to every
+    peer unless the scenario says otherwise."""
     from p2pfed.methods import introduce_up_to, introduce_warning
 
     insecure = cfg.mesh.insecure or scenario.mesh.insecure  # asked for on the command line, or by the scenario
     cfg.mesh = dataclasses.replace(scenario.mesh, mesh=cfg.mesh.mesh, insecure=insecure)
     if method is not None:
         cfg.mesh.introduce_up_to = introduce_up_to(method, scenario)
-        cut_short = introduce_warning(method, scenario)
-        if cut_short:
+        if cut_short := introduce_warning(method, scenario):
             log.warning("%s", cut_short)
 
 
@@ -190,7 +190,9 @@ async def run_own_node(cfg: NodeConfig, recipe_path: Path, data_path: Path, meth
     train, val = capped(recipe, train, val)
     x, y = dataset.x_train, dataset.y_train
     splits = LocalData(x[train], y[train], x[val], y[val], dataset.x_test[test], dataset.y_test[test])
-    use_scenario_mesh(cfg, recipe, method)
+    # its mesh's size is not the recipe's nodes (a recipe's partition is not used): it introduces itself to every
+    # peer unless the recipe's [mesh] says otherwise
+    use_scenario_mesh(cfg, recipe)
     cfg.name = name
     out.mkdir(parents=True, exist_ok=True)
 

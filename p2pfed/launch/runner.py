@@ -472,8 +472,7 @@ async def run_method(scenario: Scenario, method: str, dataset: Dataset, partitio
     for stale in [*out.glob("*.jsonl"), *out.glob("*.jsonl.gz"), *out.glob("*.safetensors"), *out.glob("*.ckpt"),
                   *out.glob("*.kept"), *out.glob("run.json")]:
         stale.unlink()
-    cut_short = introduce_warning(method, scenario)
-    if cut_short:
+    if cut_short := introduce_warning(method, scenario):
         log.warning("%s", cut_short)
     in_children = scenario.processes or scenario.workers > 1
     kind: type[InProcessMesh] = ProcessMesh if in_children else InProcessMesh

@@ -103,22 +103,27 @@ def introduce_up_to(name: str, scenario: Scenario) -> int:
     method (0), what the method asks for in a mesh of the scenario's size (0: every peer it hears of). A
     coordinated method's members introduce themselves to every peer: its clients work with the coordinator
     alone, but nothing measured says how they fare lazy."""
-    method = REGISTRY.get(name)
-    if scenario.mesh.introduce_up_to or method is None:
-        return scenario.mesh.introduce_up_to
-    return method.introduce_up_to(method.options_from(scenario), scenario.nodes)
+    return scenario.mesh.introduce_up_to or _wanted_by(name, scenario)
 
 
 def introduce_warning(name: str, scenario: Scenario) -> str:
-    """What the scenario's [mesh] introduce_up_to costs method name's run, when set below the peers each of its
-    nodes has and the method works with every live peer ('' otherwise): a line for the run's log."""
-    method, wanted, peers = REGISTRY.get(name), scenario.mesh.introduce_up_to, scenario.nodes - 1
-    if method is None or not wanted or wanted >= peers or method.introduce_up_to(method.options_from(scenario),
-                                                                                  scenario.nodes):
+    """What the scenario's [mesh] introduce_up_to costs method name's run when the method works with every live
+    peer and K is below the members each node may hear from (its peers and the bootstrap, which a lazy member
+    counts among its live ones): a line for the run's log ('' when it costs nothing)."""
+    wanted, others = scenario.mesh.introduce_up_to, scenario.nodes  # the nodes' other members: peers, bootstrap
+    if name not in REGISTRY or scenario.mesh.membership != "probe" or not 0 < wanted < others or \
+            _wanted_by(name, scenario):
         return ""
-    return (f"{name}: mesh.introduce_up_to = {wanted} is below the {peers} peers each node has: a {name} node works "
-            f"with the live peers it hears from, and it hears directly from about {wanted} (0 leaves it to the "
-            f"method)")
+    return (f"{name}: mesh.introduce_up_to = {wanted} is below the {others} members each node may hear from (its "
+            f"{others - 1} peers and the bootstrap): a {name} node works with the live peers it hears from, and it "
+            f"hears directly from about {wanted} (0 leaves it to the method)")
+
+
+def _wanted_by(name: str, scenario: Scenario) -> int:
+    """The K a decentralized method asks for in a mesh of the scenario's size (0: every peer; a coordinated
+    method: 0)."""
+    method = REGISTRY.get(name)
+    return method.introduce_up_to(method.options_from(scenario), scenario.nodes) if method is not None else 0
 
 
 def make_method(name: str, node: PeerContext, scenario: Scenario) -> Method:

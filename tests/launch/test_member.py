@@ -96,6 +96,11 @@ def test_a_large_pfedlia_p2p_mesh_introduces_itself_lazily_unless_the_scenario_s
         cfg = NodeConfig(name="n00")
         use_scenario_mesh(cfg, chosen, "fedavg-p2p")
         use_scenario_mesh(cfg, chosen, "pfedlia-p2p")
+        # a lazy member counts the bootstrap among its live peers: 101 nodes may each hear from 101 members
+        use_scenario_mesh(cfg, load_scenario(path, ["mesh.introduce_up_to=101"]), "fedavg-p2p")
+        use_scenario_mesh(cfg, load_scenario(path, ["mesh.introduce_up_to=32", "mesh.membership='all'"]),
+                          "fedavg-p2p")  # the eager form whatever K says
     assert [r.getMessage() for r in caplog.records] == [
-        "fedavg-p2p: mesh.introduce_up_to = 32 is below the 100 peers each node has: a fedavg-p2p node works with "
-        "the live peers it hears from, and it hears directly from about 32 (0 leaves it to the method)"]
+        "fedavg-p2p: mesh.introduce_up_to = 32 is below the 101 members each node may hear from (its 100 peers and "
+        "the bootstrap): a fedavg-p2p node works with the live peers it hears from, and it hears directly from "
+        "about 32 (0 leaves it to the method)"]
