@@ -353,11 +353,14 @@ def scale_table(figures: dict[str, Any]) -> str:
 
 def scale_wait_table(figures: dict[str, Any]) -> str:
     """benchmarks/scale.py at 1,000 nodes once more, below the 1,000-node rows of the runs before it (its "before"
-    file, that file's "before", and so on): other code, other runs, so the figures side by side and no ratio."""
+    file, that file's "before", and so on; "row": which of that file's rows, else its first of 1,000 nodes): other
+    code, other runs, so the figures side by side and no ratio."""
     pairs = [(figures["code"].split()[0], figures["rows"][0])]
     while "before" in figures:
-        code, figures = figures["before"]["code"], json.loads((ROOT / figures["before"]["file"]).read_text())
-        pairs.insert(0, (code, next(r for r in figures["rows"] if r["nodes"] == 1000)))
+        before = figures["before"]
+        code, figures = before["code"], json.loads((ROOT / before["file"]).read_text())
+        rows = [r for r in figures["rows"] if r["nodes"] == 1000]
+        pairs.insert(0, (code, rows[before.get("row", 0)]))
     rows = ["| code | finished | ARI | accuracy % | bottom-5 % | wall s | CPU s | peak MiB | MB sent / node | "
             "rounds skipped | sockets, busiest process | suspect / node | dead / node | refuted / node |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -423,7 +426,8 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "scale-250-beat.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
     "scale-1000-sample.json": scale_wait_table, "scale-1000-beat.json": scale_wait_table,
     "start.json": start_table, "scale-1000-phase.json": phase_table, "scale-lazy.json": scale_option_table,
-    "scale-lazy-random.json": scale_option_table, "scale-1000-lazy.json": scale_option_table}
+    "scale-lazy-random.json": scale_option_table, "scale-1000-lazy.json": scale_option_table,
+    "scale-1000-default.json": scale_wait_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:
