@@ -155,6 +155,7 @@ PINGS_PER_CORE = 32
 # falls silent would hold the process's pings (and a connection) for up to request_timeout each
 PING_STRETCH = 3.0
 PACE_EASE = 0.1  # the share of the way back to its configured period a busy member's told period eases each period
+NOT_KNOWN = "a member this member does not know"  # why a message from a name with no key known here is refused
 OTHER_RECIPES_KEPT = 8  # members of other recipes remembered, to name in "no peer of this recipe came"
 
 
@@ -559,28 +560,45 @@ class Endpoint:
             raise DeliveryError(f"{peer_name} is not a live peer")
         # (a joining peer whose ping went unanswered stays joining until the sweep: the request goes, and the
         # peer may refuse a stranger's, or not answer it)
-        incarnation = peer.incarnation
         self.peers.asked(peer_name)  # a partner from now: not probed while this may be on its way
+        try:
+            reply = await self._asked(peer, msg, timeout)
+        except Refusal as exc:
+            if not exc.reason.endswith(f"{self.name} is {NOT_KNOWN}") or peer.name in self._probing:
+                raise
+            # It forgot this member (seen at 1,000 lazy nodes: it took this one for dead when its introduction went
+            # unanswered, and dropped its key) while this one heard it: introduce this member, and ask once more.
+            self._probing_now(peer.name)
+            await self._probe(peer)
+            peer = self.peers.peers.get(peer_name) or peer
+            if peer.state in (DEAD, LEFT):
+                raise
+            reply = await self._asked(peer, msg, timeout)
+        if (reply.key and self.keys is not None and not self.keys.closed and peer_name not in self.peers.bound
+                and reply.sender == peer_name and reply.key == peer.pubkey):
+            # its first word, maybe (its introduction unanswered in time, the request went anyway): the answer
+            # came over the connection dialled with its key, which is proved. Unbound, the peer's own requests
+            # were refused as from "a member this member does not know" (14 at 250 lazy nodes).
+            self.peers.bind(peer_name, reply.key)
+        change = self.peers.touched(peer_name)  # its answer is contact, and makes it a partner
+        if change:
+            self._changed(change)
+        return reply
+
+    async def _asked(self, peer: Peer, msg: Message, timeout: float | None) -> Message:
+        """Send msg to peer and wait for its reply; raise DeliveryError at once when the mesh declares the peer
+        dead, gone or restarted meanwhile."""
+        incarnation, name = peer.incarnation, peer.name
         request = asyncio.ensure_future(self.transport.request(
             peer.address, msg, timeout or self.options.request_timeout, self._server_key(peer)))
         try:
             while not request.done():
                 await first_of(request, self.changed)
-                now = self.peers.peers.get(peer_name)
+                now = self.peers.peers.get(name)
                 if not request.done() and (now is None or now.state in (DEAD, LEFT) or now.incarnation != incarnation):
                     state = "gone" if now is None else now.state if now.incarnation == incarnation else "restarted"
-                    raise DeliveryError(f"{msg.type} to {peer_name} not delivered: {peer_name} is {state}")
-            reply = request.result()
-            if (reply.key and self.keys is not None and not self.keys.closed and peer_name not in self.peers.bound
-                    and reply.sender == peer_name and reply.key == peer.pubkey):
-                # its first word, maybe (its introduction unanswered in time, the request went anyway): the answer
-                # came over the connection dialled with its key, which is proved. Unbound, the peer's own requests
-                # were refused as from "a member this member does not know" (14 at 250 lazy nodes).
-                self.peers.bind(peer_name, reply.key)
-            change = self.peers.touched(peer_name)  # its answer is contact, and makes it a partner
-            if change:
-                self._changed(change)
-            return reply
+                    raise DeliveryError(f"{msg.type} to {name} not delivered: {name} is {state}")
+            return request.result()
         finally:
             request.cancel()
 
@@ -1101,7 +1119,7 @@ class Endpoint:
             return  # the peer table binds or refuses the name (heard_from)
         bound = self.peers.key_of(msg.sender)
         if not bound or msg.key != bound:
-            why = "a member this member does not know" if not bound else "another key than the one it is bound to"
+            why = NOT_KNOWN if not bound else "another key than the one it is bound to"
             self.complaints.warning(f"key:{msg.sender}", "%s: refused %s as %s: %s (key %s...)", self.name,
                                     msg.type, msg.sender, why, (msg.key or "none")[:8])
             raise WireError(f"{msg.type} as {msg.sender} refused: {msg.sender} is {why}")

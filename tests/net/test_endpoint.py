@@ -222,6 +222,24 @@ async def test_a_peer_whose_answer_to_a_request_was_its_first_word_may_then_make
     assert (await b.request("a", ping(b), 5)).body["ok"]
 
 
+async def test_a_peer_that_forgot_this_member_is_introduced_to_again_and_its_request_asked_again(
+        members: Make) -> None:
+    # Seen at 1,000 lazy nodes (9 times): n178 took n404 for dead when its introduction went unanswered in the
+    # first minutes and kept no key for it; twelve minutes later n404, which had heard n178, asked it for a partial
+    # model and was refused as "a member this member does not know". n178 heard it again 8 s after (its ping), but
+    # the request was not asked again, and n404 chose without that model.
+    slow = dataclasses.replace(FAST, heartbeat=30.0)  # (no heartbeat of a's introduces it to b meanwhile)
+    a, b = members("a", options=slow), members("b", options=slow)
+    for e in (a, b):
+        await e.start("tcp://127.0.0.1:0")
+        e.serve({"control": ack})
+    key = b.keys.public.decode()
+    a.peers.heard_from("b", b.address, "node", b.incarnation, key, 0, key=key)  # a heard b; b knows nothing of a
+    assert "a" not in b.peers.peers
+    assert (await a.request("b", ping(a), 5)).body["ok"]
+    assert states(b)["a"] == ALIVE and b.peers.bound["a"] == a.keys.public.decode()
+
+
 async def test_a_lazy_mesh_forms_and_a_request_to_a_peer_not_introduced_yet_reaches_it(members: Make) -> None:
     lazy = dataclasses.replace(FAST, introduce_up_to=2)
     boot, nodes = await start_mesh(members, 6, lazy)
