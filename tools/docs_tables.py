@@ -427,7 +427,8 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "scale-1000-sample.json": scale_wait_table, "scale-1000-beat.json": scale_wait_table,
     "start.json": start_table, "scale-1000-phase.json": phase_table, "scale-lazy.json": scale_option_table,
     "scale-lazy-random.json": scale_option_table, "scale-1000-lazy.json": scale_option_table,
-    "scale-1000-default.json": scale_wait_table}
+    "scale-1000-default.json": scale_wait_table,
+    "scale-1000-final.json": scale_wait_table}
 
 
 def accuracy_mean(value: float | dict[str, Any] | None) -> float:
