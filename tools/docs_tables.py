@@ -5,6 +5,7 @@ A table in Markdown sits between two markers, and this script writes what is bet
     <!-- table: scenarios/results/quickstart/summary.json -->   a run's (or a run over seeds') table, as
     <!-- end table -->                                          `p2pfed report` draws it (methods=a,b: only those)
     <!-- table: benchmarks/results/wire.json -->                a benchmark's figures
+    <!-- table: benchmarks/results/wire.json part=split -->     where a p2pfed model message's time goes
     <!-- table: scenarios/results/A/summary.json clean=scenarios/results/B -->   adversaries: run A against the
                                                                 same run B without them
     <!-- table: scenarios/results/DIR before=METHOD -->        METHOD in each run under DIR (before a change)
@@ -134,6 +135,20 @@ def adversaries_table(path: Path, clean_dir: Path) -> str:
 def wire_table(figures: dict[str, Any]) -> str:
     rows = ["| path | MB/s | × raw TCP |", "|---|---:|---:|"]
     rows += [f"| {p['path']} | {p['mb_per_s']:.0f} | {p['x_raw_tcp']:.2f} |" for p in figures["paths"]]
+    return "\n".join(rows)
+
+
+def wire_split_table(figures: dict[str, Any]) -> str:
+    """benchmarks/wire.py: a p2pfed transfer beside its ceiling, split where its time goes, measured in the same run."""
+    rows = ["| security | tuned pyzmq, whole ms | p2pfed ms | to the receiver | decoding and validating "
+            "| handler and ack | tuned ÷ p2pfed, medians | pair by pair: median (quartiles) |", "|---|" + "---:|" * 7]
+    for kind, part in figures["where_it_goes"].items():
+        pairs = figures["of_tuned_pyzmq_pairs"][kind]
+        low, high = pairs["quartiles"]
+        rows.append(f"| {'CURVE (the default)' if kind == 'curve' else 'none (--insecure)'} | "
+                    f"{1e3 * part['tuned_s']:.1f} | {1e3 * part['p2pfed_s']:.1f} | {1e3 * part['to_receipt_s']:.1f} | "
+                    f"{1e3 * part['decode_s']:.1f} | {1e3 * part['handler_and_ack_s']:.1f} | "
+                    f"{part['tuned_s'] / part['p2pfed_s']:.2f} | {pairs['median']:.2f} ({low:.2f} to {high:.2f}) |")
     return "\n".join(rows)
 
 
@@ -519,6 +534,8 @@ def draw(text: str, where: Path) -> str:
             body = summary_table(path, opts)
         elif path.is_dir() and "before" in opts:
             body = before_after_table(path, opts["before"], where, ROOT / opts["after"] if "after" in opts else None)
+        elif path.name == "wire.json" and opts.get("part") == "split":
+            body = wire_split_table(json.loads(path.read_text()))
         elif path.name in BENCHMARKS:
             body = BENCHMARKS[path.name](json.loads(path.read_text()))
         else:
