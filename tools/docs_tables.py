@@ -437,7 +437,7 @@ BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "ray-engine-1000.json": ray_engine_table,
     "flower-before.json": flower_history_table,
     "membership.json": membership_table, "beat.json": beat_table, "sampling.json": sampling_table,
-    "scale.json": scale_table, "scale-kept-period.json": scale_against_table,
+    "scale.json": scale_table, "scale-7bdf03e0.json": scale_table, "scale-kept-period.json": scale_against_table,
     "scale-250-beat.json": scale_against_table, "scale-1000-wait.json": scale_wait_table,
     "scale-1000-sample.json": scale_wait_table, "scale-1000-beat.json": scale_wait_table,
     "start.json": start_table, "scale-1000-phase.json": phase_table, "scale-lazy.json": scale_option_table,
