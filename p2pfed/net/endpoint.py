@@ -597,7 +597,8 @@ class Endpoint:
                 now = self.peers.peers.get(name)
                 if not request.done() and (now is None or now.state in (DEAD, LEFT) or now.incarnation != incarnation):
                     state = "gone" if now is None else now.state if now.incarnation == incarnation else "restarted"
-                    raise DeliveryError(f"{msg.type} to {name} not delivered: {name} is {state}")
+                    # (the reason alone: every caller says what was not delivered, and to whom)
+                    raise DeliveryError(f"{name} is {state}")
             return request.result()
         finally:
             request.cancel()
