@@ -5,7 +5,8 @@ A table in Markdown sits between two markers, and this script writes what is bet
     <!-- table: scenarios/results/quickstart/summary.json -->   a run's (or a run over seeds') table, as
     <!-- end table -->                                          `p2pfed report` draws it (methods=a,b: only those)
     <!-- table: benchmarks/results/wire.json -->                a benchmark's figures
-    <!-- table: benchmarks/results/wire.json part=split -->     where a p2pfed model message's time goes
+    <!-- table: benchmarks/results/wire.json part=split -->     one part of a benchmark's figures (BENCHMARKS'
+                                                                "wire.json#split"): where a model message's time goes
     <!-- table: scenarios/results/A/summary.json clean=scenarios/results/B -->   adversaries: run A against the
                                                                 same run B without them
     <!-- table: scenarios/results/DIR before=METHOD -->        METHOD in each run under DIR (before a change)
@@ -431,7 +432,8 @@ def scale_option_table(figures: dict[str, Any]) -> str:
 
 
 BENCHMARKS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "wire.json": wire_table, "quickstart-keys.json": keys_table, "lia.json": lia_table, "lia-digits.json": lia_table,
+    "wire.json": wire_table, "wire.json#split": wire_split_table, "quickstart-keys.json": keys_table,
+    "lia.json": lia_table, "lia-digits.json": lia_table,
     "lia-1-thread.json": lia_table,
     "lia-gpu.json": lia_gpu_table, "flower.json": flower_table, "ray-engine.json": ray_engine_table,
     "ray-engine-1000.json": ray_engine_table,
@@ -534,12 +536,10 @@ def draw(text: str, where: Path) -> str:
             body = summary_table(path, opts)
         elif path.is_dir() and "before" in opts:
             body = before_after_table(path, opts["before"], where, ROOT / opts["after"] if "after" in opts else None)
-        elif path.name == "wire.json" and opts.get("part") == "split":
-            body = wire_split_table(json.loads(path.read_text()))
-        elif path.name in BENCHMARKS:
-            body = BENCHMARKS[path.name](json.loads(path.read_text()))
+        elif (name := path.name + (f"#{opts['part']}" if "part" in opts else "")) in BENCHMARKS:
+            body = BENCHMARKS[name](json.loads(path.read_text()))
         else:
-            raise ValueError(f"{where.relative_to(ROOT)}: no table is drawn from {m['path']}")
+            raise ValueError(f"{where.relative_to(ROOT)}: no table is drawn from {m['path']}{m['opts']}")
         return m.group(1) + body + "\n" + m.group(5)
 
     for marker in MARKER.findall(text):
