@@ -324,6 +324,9 @@ def main() -> None:
                         help="fresh set-ups of the tuned and p2pfed paths, each taking them in turns --repeat times")
     parser.add_argument("--json", type=Path, help="also write the figures here (what docs/ tables are drawn from)")
     args = parser.parse_args()
+    if args.repeat < 1 or args.rounds < 1 or args.repeat * args.rounds < 2:
+        parser.error(f"--repeat {args.repeat} and --rounds {args.rounds}: each must be at least 1, and the paired "
+                     "transfers (their product) at least 2, for the pairs' quartiles")
     sd = state_dict()
     size = nbytes(sd)
     raw = statistics.median(raw_tcp(size, args.repeat))
